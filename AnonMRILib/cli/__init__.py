@@ -1,0 +1,1 @@
+"""The ``anonmri`` command line (also ``python -m AnonMRILib``)."""

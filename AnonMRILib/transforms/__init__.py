@@ -1,0 +1,1 @@
+"""Transforms: brain mask, privacy transform (surface, convex hull, pooling), model grid."""
