@@ -66,7 +66,10 @@ def _read_nibabel(path: Path) -> Tuple[np.ndarray, np.ndarray]:
         raise InputError(f"{path}: cannot be read as an image ({type(error).__name__}: {error})") from None
     if array.dtype.fields is not None or array.dtype.kind not in "biuf":
         raise InputError(f"{path}: voxel type {array.dtype} is not a scalar intensity type")
-    return np.asarray(array), np.asarray(image.affine, dtype=np.float64)
+    array = np.asarray(array)
+    if not array.dtype.isnative:  # e.g. MGH files are big-endian on disk
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array, np.asarray(image.affine, dtype=np.float64)
 
 
 def simpleitk_to_numpy(image) -> Tuple[np.ndarray, np.ndarray]:

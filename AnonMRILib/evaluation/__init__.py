@@ -1,0 +1,1 @@
+"""Evaluation: image metrics, anonymity criterion, re-identification attack, brain-analysis agreement."""

@@ -1,0 +1,1 @@
+"""Neural networks (plain torch.nn.Modules with config dataclasses); import the submodules."""

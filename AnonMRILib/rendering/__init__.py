@@ -1,0 +1,13 @@
+"""Ray-cast face renderings (torch, CPU or CUDA) and before/after figures.
+
+    from AnonMRILib.rendering import render_face, save_png, side_by_side
+    image = render_face(volume, view="anterior", size=256)      # (256, 256) float32 in [0, 1]
+
+Heavy imports (torch, skimage, Pillow) happen inside the functions.
+"""
+from .camera import VIEW_NAMES, Camera, make_camera
+from .figures import save_png, side_by_side
+from .raycast import RayCastResult, RenderSettings, ray_cast, render_face, skin_iso_level
+
+__all__ = ["VIEW_NAMES", "Camera", "make_camera", "save_png", "side_by_side", "RayCastResult",
+           "RenderSettings", "ray_cast", "render_face", "skin_iso_level"]

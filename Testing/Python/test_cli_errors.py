@@ -1,0 +1,85 @@
+"""Every command: bad input gives one clear line on stderr, exit status 2, no traceback, no output."""
+import subprocess
+import sys
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from AnonMRILib.cli.main import main
+from AnonMRILib.io import save_volume
+
+from conftest import synthetic_head
+
+#: command -> argument list builder (input, output, extra options); output is a file path
+IMAGE_COMMANDS = {
+    "brainmask": lambda src, out: ["brainmask", str(src), str(out)],
+}
+#: commands that accept --brain-mask
+MASK_COMMANDS = {}
+
+
+def bad_inputs(tmp_path):
+    head = synthetic_head()
+    cases = {}
+    (tmp_path / "notes.txt").write_text("not an image")
+    cases["not an image"] = (tmp_path / "notes.txt", "not a supported image")
+    (tmp_path / "broken.nii.gz").write_bytes(b"\x1f\x8b garbage")
+    cases["corrupt file"] = (tmp_path / "broken.nii.gz", "cannot be read")
+    nib.save(nib.Nifti1Image(np.ones((20, 20), np.int16), np.eye(4)), tmp_path / "flat.nii.gz")
+    cases["2-D"] = (tmp_path / "flat.nii.gz", "2-D")
+    nib.save(nib.Nifti1Image(np.stack([head.array] * 2, -1), head.affine), tmp_path / "series.nii.gz")
+    cases["4-D"] = (tmp_path / "series.nii.gz", "2 volumes")
+    values = head.array.astype(np.float32)
+    values[3, 4, 5] = np.nan
+    save_volume(head.with_array(values), tmp_path / "nan.nii.gz")
+    cases["NaN"] = (tmp_path / "nan.nii.gz", "NaN")
+    values[3, 4, 5] = np.inf
+    save_volume(head.with_array(values), tmp_path / "inf.nii.gz")
+    cases["Inf"] = (tmp_path / "inf.nii.gz", "infinite")
+    save_volume(head.with_array(np.zeros(head.shape, np.int16)), tmp_path / "zero.nii.gz")
+    cases["all zero"] = (tmp_path / "zero.nii.gz", "constant")
+    cases["missing"] = (tmp_path / "absent.nii.gz", "no such file")
+    return cases
+
+
+@pytest.mark.parametrize("command", sorted(IMAGE_COMMANDS))
+def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, command):
+    for label, (source, message) in bad_inputs(tmp_path).items():
+        out = tmp_path / f"out_{command}.nii.gz"
+        status = main(IMAGE_COMMANDS[command](source, out))
+        captured = capsys.readouterr()
+        lines = [line for line in captured.err.splitlines() if line.strip()]
+        assert status == 2, label
+        assert len(lines) == 1 and "error" in lines[0] and message in lines[0], (label, captured.err)
+        assert "Traceback" not in captured.err
+        assert not out.exists(), label
+
+
+@pytest.mark.parametrize("command", sorted(IMAGE_COMMANDS))
+def test_output_equal_to_input_is_refused_and_input_untouched(tmp_path, capsys, command):
+    source = save_volume(synthetic_head(), tmp_path / "head.nii.gz")
+    before = source.read_bytes()
+    assert main(IMAGE_COMMANDS[command](source, source)) == 2
+    assert "overwrite the input" in capsys.readouterr().err
+    assert source.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", sorted(MASK_COMMANDS))
+def test_mask_on_another_grid_is_refused(tmp_path, capsys, command):
+    head = synthetic_head()
+    source = save_volume(head, tmp_path / "head.nii.gz")
+    other = synthetic_head(shape=(30, 30, 30))
+    mask = save_volume(other.with_array((other.array > 450).astype(np.uint8)), tmp_path / "mask.nii.gz")
+    out = tmp_path / "out.nii.gz"
+    assert main(MASK_COMMANDS[command](source, out) + ["--brain-mask", str(mask)]) == 2
+    assert "grid" in capsys.readouterr().err or "shape" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_real_entry_point_prints_no_traceback(tmp_path):
+    (tmp_path / "notes.txt").write_text("not an image")
+    result = subprocess.run([sys.executable, "-m", "AnonMRILib", "info", str(tmp_path / "notes.txt")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
