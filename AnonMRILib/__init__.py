@@ -19,6 +19,7 @@ _EXPORTS = {
     "load_volume": "AnonMRILib.io",
     "save_volume": "AnonMRILib.io",
     "brain_mask": "AnonMRILib.transforms.brain_mask",
+    "privacy_transform": "AnonMRILib.transforms.privacy",
     "AnonMRIError": "AnonMRILib.errors",
     "InputError": "AnonMRILib.errors",
 }

@@ -85,7 +85,7 @@ def robex_mask(volume: Volume, seed: int = 0) -> Volume:
 
     image = nib.Nifti1Image(volume.array.astype(np.float32), volume.affine)
     _, mask = robex(image, seed=seed)
-    return volume.with_array((np.asarray(mask.dataobj) > 0).astype(np.uint8))
+    return volume.with_array((np.asarray(mask.data) > 0).astype(np.uint8))
 
 
 def isotropic_grid(volume: Volume, spacing_mm: float):

@@ -13,8 +13,12 @@ from typing import List, Optional
 #: sub-command modules, in the order ``anonmri --help`` lists them
 COMMAND_MODULES = (
     "info",
-    # "brainmask",
-    # "demo",
+    "remodel",
+    "lesion",
+    "privacy_transform",
+    "score",
+    "brainmask",
+    "demo",
 )
 
 

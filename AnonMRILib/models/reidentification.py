@@ -4,9 +4,10 @@ S(x, y) = ||S~(x) - S~(y)||_2 where the embedding network S~ is a stack of convo
 a flatten and one fully connected layer (the paper gives only "conv. block / flatten /
 fully-connected layer"; the sizes below are our choice, small enough to train on a CPU):
 
-* input: one grey face rendering, ``image_size`` x ``image_size`` (default 128), values in [0, 1]
-  (``AnonMRILib.rendering.render_face`` output resized to the model's size);
-* ``len(channels)`` blocks of [3x3 conv, batch norm, ReLU, 3x3 conv, batch norm, ReLU, 2x2 max-pool];
+* input: one grey face rendering, ``image_size`` x ``image_size`` (default 64, small enough to
+  train on a shared CPU in minutes; 128 works too), values in [0, 1]
+  (``AnonMRILib.rendering.render_face`` output resized to the model's size, antialiased);
+* ``len(channels)`` blocks of [``convs_per_block`` x (3x3 conv, batch norm, ReLU), 2x2 max-pool];
 * flatten, fully connected layer to ``embedding_dim`` values (no normalisation: the triplet margin
   of 5 is in the units of this Euclidean space, as in the paper).
 
@@ -16,9 +17,9 @@ Loading never unpickles.
 """
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
@@ -32,21 +33,23 @@ DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / "reid_siames
 class SiameseConfig:
     """Architecture of the embedding network S~ (see module doc)."""
 
-    image_size: int = 128
+    image_size: int = 64
     channels: Tuple[int, ...] = (16, 32, 64, 64)
     embedding_dim: int = 64
+    convs_per_block: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
         if self.image_size % (2 ** len(self.channels)) != 0:
             raise InputError(f"image_size {self.image_size} must be divisible by 2**{len(self.channels)} "
                              f"(one 2x2 pooling per block)")
-        if self.embedding_dim < 1 or not self.channels or min(self.channels) < 1:
-            raise InputError("embedding_dim and every channel count must be positive")
+        if self.embedding_dim < 1 or not self.channels or min(self.channels) < 1 or self.convs_per_block < 1:
+            raise InputError("embedding_dim, convs_per_block and every channel count must be positive")
 
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "SiameseConfig":
-        known = {k: values[k] for k in ("image_size", "channels", "embedding_dim") if k in values}
+        known = {k: values[k] for k in ("image_size", "channels", "embedding_dim", "convs_per_block")
+                 if k in values}
         return cls(**known)
 
 
@@ -57,16 +60,11 @@ def build_embedding_network(config: SiameseConfig):
     layers = []
     in_channels = 1
     for out_channels in config.channels:
-        layers += [
-            nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
-            nn.BatchNorm2d(out_channels),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
-            nn.BatchNorm2d(out_channels),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-        ]
-        in_channels = out_channels
+        for _ in range(config.convs_per_block):
+            layers += [nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
+                       nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True)]
+            in_channels = out_channels
+        layers.append(nn.MaxPool2d(2))
     side = config.image_size // (2 ** len(config.channels))
     layers += [nn.Flatten(), nn.Linear(in_channels * side * side, config.embedding_dim)]
     return nn.Sequential(*layers)

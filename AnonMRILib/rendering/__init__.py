@@ -7,7 +7,7 @@ Heavy imports (torch, skimage, Pillow) happen inside the functions.
 """
 from .camera import VIEW_NAMES, Camera, make_camera
 from .figures import save_png, side_by_side
-from .raycast import RayCastResult, RenderSettings, ray_cast, render_face, skin_iso_level
+from .raycast import RayCastResult, RenderSettings, SurfaceRenderer, ray_cast, render_face, skin_iso_level
 
 __all__ = ["VIEW_NAMES", "Camera", "make_camera", "save_png", "side_by_side", "RayCastResult",
-           "RenderSettings", "ray_cast", "render_face", "skin_iso_level"]
+           "RenderSettings", "SurfaceRenderer", "ray_cast", "render_face", "skin_iso_level"]

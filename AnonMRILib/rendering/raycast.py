@@ -8,15 +8,22 @@ What a volume renderer's "skin" preset shows, computed the direct way:
    the projection of the grid's bounding box, centred on the grid's centre. The same grid
    therefore gives the same framing before and after de-identification, which makes before/after
    pairs and re-identification studies comparable pixel for pixel.
-2. **First hit.** Each ray is sampled front to back (step ``step_mm``, default half the smallest
-   voxel size) with trilinear interpolation (``torch.nn.functional.grid_sample``), all rays at once
-   in chunks of depth; the first sample at or above the iso-level is found with ``argmax`` and the
-   crossing refined by linear interpolation between it and the previous sample. Rays only sample
-   the stretch where they cross the grid's box (slab test), and stop once they have hit.
-3. **Iso-level** (when not given): the skin threshold ``0.5 * Otsu`` of the image's intensities
-   (Otsu on a strided subsample of at most ~2 M voxels). Otsu separates air from tissue on a
-   whole-head T1; the skin/air boundary lies in the partial-volume band below it, and half the
-   Otsu level lands in that band on heads of any intensity scale (it scales with the image).
+2. **First hit.** All rays at once, in chunks, only over the stretch where they cross the grid's
+   box (slab test). Empty space is skipped with a block-occupancy grid (blocks of
+   ``block_voxels``; a block is occupied when a voxel within one voxel of it reaches the
+   iso-level; dilated by one block so coarse samples one block apart never jump over one). From
+   the first occupied coarse sample, a window of fine samples (step ``step_mm``, default half the
+   smallest voxel size) is taken with trilinear interpolation (``grid_sample``); the first sample at
+   or above the iso-level is found with ``argmax`` and the crossing refined linearly between it and
+   the sample before. Rays without a hit in the window resume the coarse march after it. The result
+   equals a plain fine march: skipped stretches provably hold no value at the iso-level.
+3. **Iso-level** (when not given): the project's head threshold,
+   :func:`AnonMRILib.transforms.head_mask.head_threshold` with the ``"otsu"`` rule: Otsu's
+   air/tissue threshold moved halfway towards the background level (the image's median). The
+   skin/air boundary lies in the partial-volume band below Otsu's level; halfway to the background
+   lands in it, rejects air noise, and is equivariant to ``a * x + b`` (same surface for any
+   intensity scale or offset). The same rule binarises the head for the privacy transform, so the
+   renderings show the surface CP-GAN's convex hull is built from.
 4. **Shading.** Outward normal = minus the intensity gradient (central differences, one voxel
    apart, mapped to world coordinates through the affine's inverse transpose); Blinn-Phong with a
    light just above and to the viewer's left: ``ambient + diffuse * max(n.l, 0) + specular *
@@ -38,10 +45,10 @@ class RenderSettings:
 
     #: distance between samples along a ray in mm; None = half the smallest voxel size
     step_mm: Optional[float] = None
-    #: depth samples evaluated per chunk (memory ~ size**2 * chunk_samples * 16 bytes)
-    chunk_samples: int = 48
-    #: fraction of the Otsu threshold used as the automatic skin iso-level
-    otsu_fraction: float = 0.5
+    #: coarse samples evaluated per chunk (memory ~ size**2 * chunk_samples * 16 bytes)
+    chunk_samples: int = 16
+    #: edge in voxels of the occupancy blocks used to skip empty space
+    block_voxels: int = 4
     ambient: float = 0.12
     diffuse: float = 0.78
     specular: float = 0.18
@@ -62,17 +69,11 @@ class RayCastResult:
     camera: Camera
 
 
-def skin_iso_level(volume: Volume, otsu_fraction: float = 0.5) -> float:
-    """Automatic skin threshold: ``otsu_fraction`` x Otsu's threshold of the voxel intensities."""
-    from skimage.filters import threshold_otsu
+def skin_iso_level(volume: Volume) -> float:
+    """Automatic skin iso-level: ``head_threshold(volume.array, "otsu")`` (see the module docstring)."""
+    from ..transforms.head_mask import head_threshold
 
-    data = volume.array
-    stride = max(1, int(round((data.size / 2_000_000) ** (1.0 / 3.0))))
-    sample = np.asarray(data[::stride, ::stride, ::stride], dtype=np.float32).ravel()
-    sample = sample[np.isfinite(sample)]
-    if sample.size == 0 or sample.min() == sample.max():
-        raise InputError("the image is constant; there is no surface to render")
-    return float(otsu_fraction * threshold_otsu(sample))
+    return float(head_threshold(volume.array, "otsu"))
 
 
 def _resolve_device(device) -> "object":
@@ -85,134 +86,200 @@ def _resolve_device(device) -> "object":
     return resolve_device(str(device))
 
 
-def ray_cast(volume: Volume, camera: Camera, size: int = 256, iso_level: Optional[float] = None,
-             device: Union[str, "object"] = "cpu", settings: Optional[RenderSettings] = None) -> RayCastResult:
-    """Render the first iso-surface hit of ``volume`` seen by the orthographic ``camera``."""
-    import torch
-    import torch.nn.functional as F
+class SurfaceRenderer:
+    """Renders one volume from many cameras; the volume is prepared once (tensor, iso, occupancy).
 
-    settings = settings or RenderSettings()
-    if int(size) != size or size < 8 or size > 4096:
-        raise InputError(f"rendering size must be an integer between 8 and 4096 pixels, got {size}")
-    size = int(size)
-    if iso_level is None:
-        iso_level = skin_iso_level(volume, settings.otsu_fraction)
-    iso_level = float(iso_level)
-    if not np.isfinite(iso_level):
-        raise InputError("the iso-level must be a finite number")
-    torch_device = _resolve_device(device)
+    Use it for many views of the same head (re-identification studies); :func:`render_face` is the
+    one-shot form. ``device``: "cpu", "cuda", "auto" or a ``torch.device``.
+    """
 
-    shape = np.array(volume.shape, dtype=np.float64)
-    linear = volume.affine[:3, :3]
-    world_to_index = np.linalg.inv(volume.affine)
-    step_mm = float(settings.step_mm) if settings.step_mm else 0.5 * float(volume.spacing.min())
+    def __init__(self, volume: Volume, iso_level: Optional[float] = None, device: Union[str, "object"] = "cpu",
+                 settings: Optional[RenderSettings] = None) -> None:
+        import torch
+        import torch.nn.functional as F
 
-    # ---- framing: the square enclosing the grid box's projection, centred on the grid -----------
-    corners_index = np.array([[a, b, c] for a in (0, shape[0] - 1) for b in (0, shape[1] - 1)
-                              for c in (0, shape[2] - 1)])
-    corners = volume.world_coordinates(corners_index)
-    centre = corners.mean(axis=0)
-    right, up, direction = camera.right, camera.up, camera.direction
-    rel = corners - centre
-    half = float(max(np.abs(rel @ right).max(), np.abs(rel @ up).max())) + 0.5 * float(volume.spacing.max())
-    depth_start = float((rel @ direction).min())
-    pixel_mm = 2.0 * half / size
-    offsets = -half + (np.arange(size) + 0.5) * pixel_mm           # pixel centres, mm
-    u = offsets[None, :]                                          # along right (columns)
-    v = -offsets[:, None]                                         # along up (rows; row 0 on top)
-    plane = centre + depth_start * direction
-    origins_world = plane + u[..., None] * right + v[..., None] * up     # (size, size, 3)
+        self.volume = volume
+        self.settings = settings or RenderSettings()
+        if iso_level is None:
+            iso_level = skin_iso_level(volume)
+        self.iso_level = float(iso_level)
+        if not np.isfinite(self.iso_level):
+            raise InputError("the iso-level must be a finite number")
+        self.device = _resolve_device(device)
+        self.block = max(1, int(self.settings.block_voxels))
+        data = torch.as_tensor(np.ascontiguousarray(volume.array, dtype=np.float32), device=self.device)
+        self._field = data[None, None]                                    # (1, 1, I, J, K)
+        # Occupancy of blocks of `block` voxels: a block is occupied when a voxel within one voxel of
+        # it reaches the iso-level (so every trilinear sample >= iso inside it is seen), dilated by
+        # one block so that coarse samples one block apart never step over an occupied block.
+        above = (data >= self.iso_level).to(torch.float32)[None, None]
+        occupied = F.max_pool3d(above, kernel_size=self.block + 2, stride=self.block, padding=1,
+                                ceil_mode=True)
+        occupied = F.max_pool3d(occupied, kernel_size=3, stride=1, padding=1)
+        self._occupied = occupied[0, 0] > 0
+        self._occupied_shape = torch.as_tensor(self._occupied.shape, device=self.device)
 
-    # ---- rays in voxel index coordinates: p(t) = a + t * b, t in mm --------------------------------
-    a = origins_world.reshape(-1, 3) @ world_to_index[:3, :3].T + world_to_index[:3, 3]
-    b = world_to_index[:3, :3] @ direction
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t0 = (-0.5 - a) / b
-        t1 = (shape - 0.5 - a) / b
-    t_low = np.where(b == 0, np.where((a >= -0.5) & (a <= shape - 0.5), -np.inf, np.inf), np.minimum(t0, t1))
-    t_high = np.where(b == 0, np.where((a >= -0.5) & (a <= shape - 0.5), np.inf, -np.inf), np.maximum(t0, t1))
-    t_enter = np.maximum(t_low.max(axis=1), 0.0)
-    t_exit = t_high.min(axis=1)
+    # -- sampling ---------------------------------------------------------------------------------
+    def _sample(self, points_xyz: "torch.Tensor") -> "torch.Tensor":
+        """Trilinear values at (..., 3) grid_sample-normalised (x=k, y=j, z=i) points; 0 outside."""
+        import torch.nn.functional as F
 
-    dtype = torch.float32
-    data = torch.as_tensor(np.ascontiguousarray(volume.array, dtype=np.float32), device=torch_device)
-    field = data[None, None]                                      # (1, 1, I, J, K)
-    # grid_sample's x, y, z index the last, middle, first axis; align_corners=True: -1 = index 0
-    scale = torch.as_tensor(2.0 / np.maximum(shape - 1.0, 1.0), dtype=dtype, device=torch_device)
+        grid = points_xyz.reshape(1, 1, 1, -1, 3)
+        values = F.grid_sample(self._field, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+        return values.reshape(points_xyz.shape[:-1])
 
-    def sample(points_index: "torch.Tensor") -> "torch.Tensor":
-        """Trilinear values at (..., 3) voxel-index points (zero outside the grid)."""
-        normalised = (points_index * scale - 1.0).flip(-1)
-        grid = normalised.reshape(1, 1, 1, -1, 3)
-        values = F.grid_sample(field, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
-        return values.reshape(points_index.shape[:-1])
+    def _is_occupied(self, points_index: "torch.Tensor") -> "torch.Tensor":
+        """Dilated block occupancy at (..., 3) voxel-index points (clamped to the grid's blocks)."""
+        import torch
 
-    n_rays = size * size
-    rays_a = torch.as_tensor(a, dtype=dtype, device=torch_device)
-    ray_b = torch.as_tensor(b, dtype=dtype, device=torch_device)
-    enter = torch.as_tensor(t_enter, dtype=dtype, device=torch_device)
-    exit_ = torch.as_tensor(t_exit, dtype=dtype, device=torch_device)
-    t_hit = torch.full((n_rays,), float("nan"), dtype=dtype, device=torch_device)
-    active = torch.nonzero(exit_ >= enter).flatten()
-    previous = torch.full((n_rays,), float("-inf"), dtype=dtype, device=torch_device)
-    chunk = max(1, int(settings.chunk_samples))
-    steps = torch.arange(chunk, dtype=dtype, device=torch_device) * step_mm
-    start = 0
-    while active.numel() > 0:
-        t = enter[active, None] + (start * step_mm) + steps[None, :]            # (n_active, chunk)
-        inside = t <= exit_[active, None]
-        points = rays_a[active, None, :] + t[..., None] * ray_b                  # (n_active, chunk, 3)
-        values = sample(points)
-        above = (values >= iso_level) & inside
-        has_hit = above.any(dim=1)
-        first = above.to(torch.uint8).argmax(dim=1)
-        hit_rays = active[has_hit]
-        if hit_rays.numel() > 0:
-            k = first[has_hit]
-            v_k = values[has_hit, k]
-            v_prev = torch.where(k > 0, values[has_hit, (k - 1).clamp(min=0)], previous[hit_rays])
-            t_k = t[has_hit, k]
-            denominator = v_k - v_prev
-            fraction = torch.where(torch.isfinite(v_prev) & (denominator > 0),
-                                   (v_k - iso_level) / denominator.clamp(min=1e-12),
-                                   torch.zeros_like(v_k)).clamp(0.0, 1.0)
-            t_hit[hit_rays] = t_k - fraction * step_mm
-        previous[active] = values[:, -1]
-        still = (~has_hit) & inside[:, -1]
-        active = active[still]
-        start += chunk
+        blocks = torch.floor(points_index / self.block).long()
+        blocks = torch.minimum(blocks.clamp(min=0), self._occupied_shape - 1)
+        return self._occupied[blocks[..., 0], blocks[..., 1], blocks[..., 2]]
 
-    hit = torch.isfinite(t_hit)
-    image = torch.zeros(n_rays, dtype=dtype, device=torch_device)
-    if bool(hit.any()):
-        hit_index = torch.nonzero(hit).flatten()
-        points = rays_a[hit_index] + t_hit[hit_index, None] * ray_b
-        eye = torch.eye(3, dtype=dtype, device=torch_device)
-        stencil = torch.cat([points[:, None, :] + eye[None], points[:, None, :] - eye[None]], dim=1)
-        values = sample(stencil)                                                  # (n_hit, 6)
+    # -- rendering --------------------------------------------------------------------------------
+    def render(self, camera: Camera, size: int = 256) -> RayCastResult:
+        """Ray-cast ``camera``'s view as a (size, size) image (see the module docstring)."""
+        import torch
+
+        if isinstance(size, bool) or int(size) != size or size < 8 or size > 4096:
+            raise InputError(f"rendering size must be an integer between 8 and 4096 pixels, got {size}")
+        size = int(size)
+        volume, settings, device = self.volume, self.settings, self.device
+        dtype = torch.float32
+        shape = np.array(volume.shape, dtype=np.float64)
+        world_to_index = np.linalg.inv(volume.affine)
+        fine_step = float(settings.step_mm) if settings.step_mm else 0.5 * float(volume.spacing.min())
+
+        # framing: the square enclosing the grid box's projection, centred on the grid
+        corners_index = np.array([[a, b, c] for a in (0, shape[0] - 1) for b in (0, shape[1] - 1)
+                                  for c in (0, shape[2] - 1)])
+        corners = volume.world_coordinates(corners_index)
+        centre = corners.mean(axis=0)
+        right, up, direction = camera.right, camera.up, camera.direction
+        rel = corners - centre
+        half = float(max(np.abs(rel @ right).max(), np.abs(rel @ up).max())) + 0.5 * float(volume.spacing.max())
+        pixel_mm = 2.0 * half / size
+        offsets = -half + (np.arange(size) + 0.5) * pixel_mm
+        u = offsets[None, :]                                  # along right: columns
+        v = -offsets[:, None]                                 # along up: rows, row 0 on top
+        plane = centre + float((rel @ direction).min()) * direction
+        origins = (plane + u[..., None] * right + v[..., None] * up).reshape(-1, 3)
+
+        # rays in voxel indices: p(t) = a + t b, t in mm from the image plane; slab test on the box
+        a = origins @ world_to_index[:3, :3].T + world_to_index[:3, 3]
+        b = world_to_index[:3, :3] @ direction
+        low_face, high_face = np.full(3, -0.5), shape - 0.5
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t0, t1 = (low_face - a) / b, (high_face - a) / b
+        inside_slab = (a >= low_face) & (a <= high_face)
+        t_low = np.where(b == 0, np.where(inside_slab, -np.inf, np.inf), np.minimum(t0, t1))
+        t_high = np.where(b == 0, np.where(inside_slab, np.inf, -np.inf), np.maximum(t0, t1))
+        t_enter = np.maximum(t_low.max(axis=1), 0.0)
+        t_exit = t_high.min(axis=1)
+        # coarse steps move at most one block along every voxel axis
+        coarse_step = self.block / float(np.abs(b).max())
+
+        to_xyz = np.ascontiguousarray(np.diag(2.0 / np.maximum(shape - 1.0, 1.0))[::-1])          # index -> normalised x, y, z
+        a_index = torch.as_tensor(a, dtype=dtype, device=device)
+        b_index = torch.as_tensor(b, dtype=dtype, device=device)
+        a_xyz = torch.as_tensor(a @ to_xyz.T - 1.0, dtype=dtype, device=device)
+        b_xyz = torch.as_tensor(to_xyz @ b, dtype=dtype, device=device)
+        exit_ = torch.as_tensor(t_exit, dtype=dtype, device=device)
+        t_current = torch.as_tensor(t_enter, dtype=dtype, device=device)
+        t_hit = torch.full((size * size,), float("nan"), dtype=dtype, device=device)
+        active = torch.nonzero(exit_ >= t_current).flatten()
+
+        coarse_chunk = max(1, int(settings.chunk_samples))
+        coarse_offsets = torch.arange(coarse_chunk, dtype=dtype, device=device) * coarse_step
+        window = int(np.ceil(2.0 * coarse_step / fine_step)) + 2
+        fine_offsets = torch.arange(-1, window, dtype=dtype, device=device) * fine_step
+
+        while active.numel() > 0:
+            # 1. coarse: advance each ray to its first sample in an occupied (dilated) block
+            found = torch.full((active.numel(),), float("nan"), dtype=dtype, device=device)
+            pending = torch.arange(active.numel(), device=device)
+            while pending.numel() > 0:
+                rays = active[pending]
+                t = t_current[rays, None] + coarse_offsets[None, :]
+                valid = t <= exit_[rays, None]
+                occupied = self._is_occupied(a_index[rays, None, :] + t[..., None] * b_index) & valid
+                any_occupied = occupied.any(dim=1)
+                first = occupied.to(torch.uint8).argmax(dim=1)
+                found[pending[any_occupied]] = t[any_occupied, first[any_occupied]]
+                keep = (~any_occupied) & valid[:, -1]
+                t_current[rays[keep]] = t[keep, -1] + coarse_step
+                pending = pending[keep]
+            has_block = torch.isfinite(found)
+            active, t_start = active[has_block], found[has_block]
+            if active.numel() == 0:
+                break
+            # 2. fine: a window of trilinear samples from one step before the occupied sample
+            t = t_start[:, None] + fine_offsets[None, :]
+            t = torch.maximum(t, t_current[active, None].clamp(max=t_start[:, None]) - fine_step)
+            valid = t <= exit_[active, None]
+            values = self._sample(a_xyz[active, None, :] + t[..., None] * b_xyz)
+            above = (values >= self.iso_level) & valid
+            hit = above.any(dim=1)
+            first = above.to(torch.uint8).argmax(dim=1)
+            if bool(hit.any()):
+                k = first[hit]
+                v_k = values[hit, k]
+                v_before = values[hit, (k - 1).clamp(min=0)]
+                fraction = torch.where((k > 0) & (v_k > v_before),
+                                       (v_k - self.iso_level) / (v_k - v_before).clamp(min=1e-12),
+                                       torch.zeros_like(v_k)).clamp(0.0, 1.0)
+                t_hit[active[hit]] = t[hit, k] - fraction * fine_step
+            # rays without a hit continue the coarse march after the window
+            missed = (~hit) & valid[:, -1]
+            t_current[active[missed]] = t[missed, -1]
+            active = active[missed]
+
+        image = self._shade(camera, a_index, a_xyz, b_xyz, t_hit, world_to_index)
+        hit = torch.isfinite(t_hit)
+        return RayCastResult(image=image.cpu().numpy().reshape(size, size).astype(np.float32),
+                             depth_mm=t_hit.cpu().numpy().reshape(size, size).astype(np.float32),
+                             hit=hit.cpu().numpy().reshape(size, size),
+                             iso_level=self.iso_level, pixel_mm=float(pixel_mm), camera=camera)
+
+    def _shade(self, camera: Camera, a_index, a_xyz, b_xyz, t_hit, world_to_index: np.ndarray):
+        """Blinn-Phong shading at the hit points; the normal is minus the world intensity gradient."""
+        import torch
+
+        settings, device, dtype = self.settings, self.device, torch.float32
+        image = torch.zeros(t_hit.shape[0], dtype=dtype, device=device)
+        hit_index = torch.nonzero(torch.isfinite(t_hit)).flatten()
+        if hit_index.numel() == 0:
+            return image
+        shape = np.array(self.volume.shape, dtype=np.float64)
+        to_xyz = np.ascontiguousarray(np.diag(2.0 / np.maximum(shape - 1.0, 1.0))[::-1])
+        points = a_xyz[hit_index] + t_hit[hit_index, None] * b_xyz
+        # one voxel along each index axis i, j, k, in normalised x, y, z coordinates
+        steps = torch.as_tensor(to_xyz.T, dtype=dtype, device=device)           # row n = unit index axis n
+        stencil = torch.cat([points[:, None, :] + steps[None], points[:, None, :] - steps[None]], dim=1)
+        values = self._sample(stencil)
         gradient_index = 0.5 * (values[:, :3] - values[:, 3:])
-        # d f / d world = A^-T d f / d index, with A the affine's linear part
-        to_world = torch.as_tensor(np.linalg.inv(linear).T, dtype=dtype, device=torch_device)
+        # d f / d world = (d index / d world)^T d f / d index
+        to_world = torch.as_tensor(world_to_index[:3, :3].T, dtype=dtype, device=device)
         gradient = gradient_index @ to_world.T
         length = gradient.norm(dim=1, keepdim=True)
-        view_vector = torch.as_tensor(-direction, dtype=dtype, device=torch_device)
+        view_world = -camera.direction
+        view_vector = torch.as_tensor(view_world, dtype=dtype, device=device)
         normal = torch.where(length > 1e-12, -gradient / length.clamp(min=1e-12), view_vector[None])
-        light_world = (settings.light[0] * (-direction) + settings.light[1] * up + settings.light[2] * right)
-        light_world = light_world / np.linalg.norm(light_world)
-        light_vector = torch.as_tensor(light_world, dtype=dtype, device=torch_device)
+        light = (settings.light[0] * view_world + settings.light[1] * camera.up + settings.light[2] * camera.right)
+        light_vector = torch.as_tensor(light / np.linalg.norm(light), dtype=dtype, device=device)
         halfway = light_vector + view_vector
         halfway = halfway / halfway.norm()
         diffuse = (normal @ light_vector).clamp(min=0.0)
         specular = (normal @ halfway).clamp(min=0.0) ** settings.shininess
         shade = settings.ambient + settings.diffuse * diffuse + settings.specular * specular
         image[hit_index] = shade.clamp(0.0, 1.0)
+        return image
 
-    depth = t_hit.cpu().numpy().reshape(size, size).astype(np.float32)
-    depth = np.where(np.isfinite(depth), depth, np.nan).astype(np.float32)
-    return RayCastResult(image=image.cpu().numpy().reshape(size, size).astype(np.float32),
-                         depth_mm=depth,
-                         hit=hit.cpu().numpy().reshape(size, size),
-                         iso_level=iso_level, pixel_mm=float(pixel_mm), camera=camera)
+
+def ray_cast(volume: Volume, camera: Camera, size: int = 256, iso_level: Optional[float] = None,
+             device: Union[str, "object"] = "cpu", settings: Optional[RenderSettings] = None) -> RayCastResult:
+    """Render the first iso-surface hit of ``volume`` seen by the orthographic ``camera``."""
+    return SurfaceRenderer(volume, iso_level=iso_level, device=device, settings=settings).render(camera, size)
 
 
 def render_face(volume: Volume, view: str = "anterior", size: int = 256, azimuth_deg: float = 0.0,

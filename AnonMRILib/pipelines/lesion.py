@@ -1,0 +1,310 @@
+"""Lesion-preserving anonymization of a brain MRI, slice by slice (paper 4.4.3).
+
+For every axial slice x with lesion mask M (model resolution S x S):
+
+1. ``z_lesion`` = the lesion encoder's posterior mean of ``x * M`` (kept, never modified);
+2. ``z_background`` = a latent drawn by the conditional diffusion model given the grade c, the
+   mask M and the slice depth D (DDIM with ``steps`` steps by default, or the full DDPM chain);
+3. ``x_hat`` = the joint decoder of ``[z_lesion, z_background]``.
+
+:func:`anonymize_lesions` does this on a :class:`Volume` in its own grid:
+
+* the axial axis is the voxel axis most aligned with RAS S; in-plane axes are ordered/flipped to
+  R and A so slices look like the training slices; the volume is not reoriented otherwise;
+* each slice is resampled (bilinear) to the model grid: a 240 mm square field of view of S x S
+  pixels centred on the foreground's bounding-box centre (BraTS geometry), and the generated slice
+  is resampled back onto the input's pixels;
+* D = 0.5 + (slice position - brain centre along S) / 154 mm, clipped to [0, 1]: for a BraTS
+  volume (155 slices of 1 mm, brain centred) this is the slice index / 154;
+* intensities: [volume minimum, 99.5th percentile of the voxels above it] -> [0, 1] for the
+  model, mapped back and cast (rounded, clipped) to the input's dtype;
+* slices with no foreground (every voxel at the volume minimum) are copied unchanged -- there is
+  no anatomy in them to anonymize; slices without lesion are generated with an empty M;
+* ``exact_lesion``: lesion voxels are copied from the input bit for bit; in a band of
+  ``feather_px`` voxels *outside* M (in-plane distance) the output blends linearly from the input
+  (next to M) to the generated image, so the boundary has no step; inside M nothing is blended.
+
+Invariants checked before returning (:class:`InvariantError` otherwise): the lesion latent passed
+to the joint decoder is the stored encoder output, unchanged, and re-encoding ``x * M`` gives it
+again; with ``exact_lesion`` the lesion voxels equal the input's exactly.
+
+An empty lesion mask is refused (``InputError``) unless ``allow_empty_lesion=True``, in which case
+every slice is generated with an empty M (the whole brain is remodeled; nothing is preserved).
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+from ..errors import InputError, InvariantError
+from ..io.volume import Volume, require_same_grid
+from ..progress import ProgressCallback, report, sub_progress
+
+GRADE_NAMES = {"LGG": 0, "HGG": 1}
+MODEL_FIELD_OF_VIEW_MM = 240.0
+BRATS_DEPTH_SPAN_MM = 154.0
+
+
+@dataclass(frozen=True)
+class LesionAnonymizationConfig:
+    """Options of :func:`anonymize_lesions`.
+
+    ``steps``: DDIM steps (the fast sampler); ``sampler``: ``"ddim"`` or ``"ddpm"`` (full T-step
+    chain, slow); ``grade``: ``"LGG"``, ``"HGG"`` or None (unknown); ``feather_px``: width in
+    input voxels of the blend band outside the lesion with ``exact_lesion``; ``batch_size``:
+    slices per network call.
+    """
+
+    steps: int = 10
+    sampler: str = "ddim"
+    exact_lesion: bool = False
+    grade: Optional[str] = None
+    feather_px: int = 2
+    batch_size: int = 64
+    allow_empty_lesion: bool = False
+
+
+@dataclass
+class LesionModels:
+    """The trained networks and the background latent standardisation."""
+
+    autoencoder: object
+    diffusion: object
+    latent_scale: float
+    latent_shift: float
+    device: object
+
+    @property
+    def image_size(self) -> int:
+        return int(self.autoencoder.config.image_size)
+
+
+def load_lesion_models(weights=None, device: str = "auto") -> LesionModels:
+    """Networks from a folder with lesion_vae/lesion_diffusion safetensors (None: the package's)."""
+    from ..device import resolve_device
+    from ..models.lesion_weights import load_lesion_diffusion, load_lesion_vae, resolve_weights
+
+    torch_device = resolve_device(device)
+    vae_path, diffusion_path = resolve_weights(weights)
+    autoencoder = load_lesion_vae(vae_path, torch_device)
+    diffusion, scale, shift = load_lesion_diffusion(diffusion_path, torch_device)
+    if diffusion.config.image_size != autoencoder.config.image_size:
+        from ..errors import WeightsError
+
+        raise WeightsError("the VAE and diffusion weights were trained at different slice sizes")
+    return LesionModels(autoencoder, diffusion, scale, shift, torch_device)
+
+
+def grade_index(grade: Optional[Union[str, int]], num_classes: int) -> int:
+    """Class index for a grade name/number; None -> the model's "unknown" class."""
+    if grade is None:
+        return num_classes
+    if isinstance(grade, str):
+        if grade.upper() not in GRADE_NAMES:
+            raise InputError(f"unknown grade {grade!r} (use LGG or HGG)")
+        return GRADE_NAMES[grade.upper()]
+    if not 0 <= int(grade) < num_classes:
+        raise InputError(f"grade index {grade} is outside 0..{num_classes - 1}")
+    return int(grade)
+
+
+def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.ndarray, grades: np.ndarray,
+                            depths: np.ndarray, steps: int = 10, sampler: str = "ddim", seed: int = 0,
+                            batch_size: int = 64, progress: Optional[ProgressCallback] = None,
+                            return_latents: bool = False):
+    """Anonymize model-size slices: images (N, S, S) in [0, 1], masks (N, S, S) {0, 1}, grades (N,)
+    class indices (``num_classes`` = unknown), depths (N,) in [0, 1] -> (N, S, S) float32 in [0, 1].
+
+    Checks the lesion-latent invariant (see the module docstring). Deterministic in ``seed``.
+    """
+    import torch
+
+    from ..models.latent_diffusion import sample_latents
+
+    autoencoder, diffusion, device = models.autoencoder, models.diffusion, models.device
+    autoencoder.eval()
+    diffusion.eval()
+    generator = torch.Generator().manual_seed(int(seed))
+    outputs, lesion_latents = [], []
+    count = len(images)
+    for start in range(0, count, batch_size):
+        stop = min(count, start + batch_size)
+        x = torch.from_numpy(np.ascontiguousarray(images[start:stop], dtype=np.float32))[:, None].to(device)
+        m = torch.from_numpy(np.ascontiguousarray(masks[start:stop], dtype=np.float32))[:, None].to(device)
+        c = torch.from_numpy(np.asarray(grades[start:stop], dtype=np.int64)).to(device)
+        d = torch.from_numpy(np.asarray(depths[start:stop], dtype=np.float32)).to(device)
+        with torch.no_grad():
+            z_lesion, _ = autoencoder.encode_lesion(x, m)
+            z_lesion_stored = z_lesion.clone()
+            part = sub_progress(progress, start / count, stop / count)
+            z_background = sample_latents(diffusion, c, m, d, steps=steps, sampler=sampler, generator=generator,
+                                          progress=part)
+            z_background = z_background * models.latent_scale + models.latent_shift
+            x_hat = autoencoder.decode_joint(z_lesion, z_background).clamp(0.0, 1.0)
+            z_lesion_again, _ = autoencoder.encode_lesion(x, m)
+        if not torch.equal(z_lesion, z_lesion_stored):
+            raise InvariantError("the lesion latent was modified during generation")
+        if not torch.allclose(z_lesion_again, z_lesion_stored, rtol=1e-4, atol=1e-5):
+            raise InvariantError("the lesion latent used for decoding is not the lesion encoder's output")
+        outputs.append(x_hat[:, 0].cpu().numpy())
+        lesion_latents.append(z_lesion_stored.cpu().numpy())
+    generated = np.concatenate(outputs).astype(np.float32) if outputs else np.zeros_like(images, dtype=np.float32)
+    if return_latents:
+        return generated, np.concatenate(lesion_latents) if lesion_latents else None
+    return generated
+
+
+# --- geometry: input grid <-> model slices ---------------------------------------------------------------
+def axial_layout(affine: np.ndarray) -> Tuple[Tuple[int, int, int], Tuple[bool, bool, bool]]:
+    """(axes order (R-like, A-like, S-like), flips) so that ``flip(transpose(array, order))`` is
+    indexed [right, anterior, superior]-increasing."""
+    direction = affine[:3, :3] / np.linalg.norm(affine[:3, :3], axis=0)
+    axial = int(np.argmax(np.abs(direction[2])))
+    in_plane = [a for a in range(3) if a != axial]
+    if abs(direction[0, in_plane[0]]) < abs(direction[0, in_plane[1]]):
+        in_plane = in_plane[::-1]
+    order = (in_plane[0], in_plane[1], axial)
+    flips = tuple(bool(direction[row, axis] < 0) for row, axis in zip(range(3), order))
+    return order, flips  # type: ignore[return-value]
+
+
+def to_ras_layout(array: np.ndarray, order, flips) -> np.ndarray:
+    out = np.transpose(array, order)
+    for axis, flip in enumerate(flips):
+        if flip:
+            out = np.flip(out, axis)
+    return out
+
+
+def from_ras_layout(array: np.ndarray, order, flips) -> np.ndarray:
+    for axis, flip in enumerate(flips):
+        if flip:
+            array = np.flip(array, axis)
+    return np.transpose(array, np.argsort(order))
+
+
+def _model_coordinates(spacing_in_plane, center_index, shape_in_plane, size: int):
+    """Input in-plane pixel coordinates of each model pixel (2, size, size)."""
+    pixel = MODEL_FIELD_OF_VIEW_MM / size
+    offsets = (np.arange(size) - (size - 1) / 2.0) * pixel
+    u = center_index[0] + offsets / spacing_in_plane[0]
+    v = center_index[1] + offsets / spacing_in_plane[1]
+    return np.stack(np.meshgrid(u, v, indexing="ij"))
+
+
+def slices_to_model(stack: np.ndarray, spacing_in_plane, center_index, size: int, order: int = 1) -> np.ndarray:
+    """(N, H, W) input slices -> (N, size, size) on the 240 mm model field of view (0 outside)."""
+    from scipy import ndimage
+
+    coordinates = _model_coordinates(spacing_in_plane, center_index, stack.shape[1:], size)
+    out = np.empty((len(stack), size, size), dtype=np.float32)
+    for index, image in enumerate(stack):
+        out[index] = ndimage.map_coordinates(image.astype(np.float32), coordinates, order=order, mode="constant",
+                                             cval=0.0)
+    return out
+
+
+def slices_from_model(stack: np.ndarray, spacing_in_plane, center_index, shape_in_plane) -> np.ndarray:
+    """(N, size, size) model slices -> (N, H, W) on the input's pixels (bilinear; 0 outside the FOV)."""
+    from scipy import ndimage
+
+    size = stack.shape[-1]
+    pixel = MODEL_FIELD_OF_VIEW_MM / size
+    rows = (np.arange(shape_in_plane[0]) - center_index[0]) * spacing_in_plane[0] / pixel + (size - 1) / 2.0
+    cols = (np.arange(shape_in_plane[1]) - center_index[1]) * spacing_in_plane[1] / pixel + (size - 1) / 2.0
+    coordinates = np.stack(np.meshgrid(rows, cols, indexing="ij"))
+    out = np.empty((len(stack),) + tuple(shape_in_plane), dtype=np.float32)
+    for index, image in enumerate(stack):
+        out[index] = ndimage.map_coordinates(image, coordinates, order=1, mode="constant", cval=0.0)
+    return out
+
+
+def feather_weights(lesion: np.ndarray, width: int) -> np.ndarray:
+    """Per-voxel weight of the input in the exact-lesion blend, slices (N, H, W): 1 inside the
+    lesion, 1 - d / (width + 1) at in-plane distance d <= width outside it, 0 elsewhere."""
+    from scipy import ndimage
+
+    weights = np.zeros(lesion.shape, dtype=np.float32)
+    for index, mask in enumerate(lesion):
+        if not mask.any():
+            continue
+        distance = ndimage.distance_transform_edt(~mask)
+        weights[index] = np.where(distance <= width, 1.0 - distance / (width + 1.0), 0.0)
+        weights[index][mask] = 1.0
+    return weights
+
+
+def lesion_voxels(lesion_mask: Volume, allow_empty: bool = False) -> np.ndarray:
+    """Boolean lesion array (any nonzero label is lesion); refuses NaN and, unless allowed, empty masks."""
+    data = lesion_mask.array
+    if np.issubdtype(data.dtype, np.floating) and not np.all(np.isfinite(data)):
+        raise InputError("the lesion mask contains NaN or infinite values")
+    lesion = data != 0
+    if not lesion.any() and not allow_empty:
+        raise InputError("the lesion mask is empty (no nonzero voxel); nothing would be preserved -- "
+                         "check the file, or allow an empty mask to remodel every slice")
+    return lesion
+
+
+def anonymize_lesions(volume: Volume, lesion_mask: Volume, config: Optional[LesionAnonymizationConfig] = None,
+                      weights=None, device: str = "auto", seed: int = 0,
+                      progress: Optional[ProgressCallback] = None) -> Volume:
+    """Remodel the non-lesion anatomy of ``volume`` slice by slice, keeping the lesion's latent
+    (and, with ``config.exact_lesion``, its voxels). ``lesion_mask``: any nonzero voxel is lesion,
+    on ``volume``'s grid. ``weights``: a folder of weights, a :class:`LesionModels`, or None (the
+    package's). Returns a Volume on the input's grid with the input's dtype."""
+    from ..datasets.slices import intensity_window
+    from ..io.volume import require_usable_image
+    from ..io.writers import cast_to_dtype
+
+    config = config or LesionAnonymizationConfig()
+    require_same_grid(volume, lesion_mask, what="lesion mask")
+    require_usable_image(volume)
+    lesion_input = lesion_voxels(lesion_mask, config.allow_empty_lesion)
+    if config.steps < 1 or config.steps > 1000:
+        raise InputError(f"steps must be between 1 and 1000, got {config.steps}")
+    models = weights if isinstance(weights, LesionModels) else load_lesion_models(weights, device)
+    report(progress, 0.0, "preparing slices")
+    size = models.image_size
+    order, flips = axial_layout(volume.affine)
+    image = to_ras_layout(volume.array, order, flips)
+    lesion = to_ras_layout(lesion_input, order, flips)
+    spacing = np.asarray(volume.spacing)[list(order)]
+    low, high = intensity_window(volume.array)
+    normalized = np.clip((image.astype(np.float64) - low) / (high - low), 0.0, 1.0).astype(np.float32)
+    foreground = image > low
+    present = np.flatnonzero(foreground.any(axis=(0, 1)))
+    if present.size == 0:
+        raise InputError("the image has no foreground")
+    box = np.argwhere(foreground)
+    center = (box.min(0) + box.max(0)) / 2.0
+    slices = present
+    stack = np.moveaxis(normalized[:, :, slices], -1, 0)
+    lesion_stack = np.moveaxis(lesion[:, :, slices], -1, 0)
+    model_images = np.clip(slices_to_model(stack, spacing[:2], center[:2], size), 0.0, 1.0)
+    soft = slices_to_model(lesion_stack.astype(np.float32), spacing[:2], center[:2], size)
+    model_masks = soft >= 0.5
+    lost = lesion_stack.reshape(len(slices), -1).any(1) & ~model_masks.reshape(len(slices), -1).any(1)
+    model_masks[lost] = soft[lost] > 0.0  # keep small lesions visible at model resolution
+    depths = np.clip(0.5 + (slices - center[2]) * spacing[2] / BRATS_DEPTH_SPAN_MM, 0.0, 1.0)
+    grades = np.full(len(slices), grade_index(config.grade, models.diffusion.config.num_classes))
+    generated = anonymize_lesion_slices(models, model_images, model_masks.astype(np.uint8), grades, depths,
+                                        steps=config.steps, sampler=config.sampler, seed=seed,
+                                        batch_size=config.batch_size, progress=sub_progress(progress, 0.05, 0.95))
+    report(progress, 0.95, "writing slices back")
+    back = slices_from_model(generated, spacing[:2], center[:2], image.shape[:2])
+    result = image.astype(np.float64).copy()
+    result_stack = back.astype(np.float64) * (high - low) + low
+    if config.exact_lesion:
+        weight = feather_weights(lesion_stack, config.feather_px)
+        original = np.moveaxis(image[:, :, slices], -1, 0).astype(np.float64)
+        result_stack = weight * original + (1.0 - weight) * result_stack
+    result[:, :, slices] = np.moveaxis(result_stack, 0, -1)
+    output = cast_to_dtype(result, volume.dtype)
+    if config.exact_lesion:
+        output[lesion] = image[lesion]
+    output = np.ascontiguousarray(from_ras_layout(output, order, flips))
+    if config.exact_lesion and not np.array_equal(output[lesion_input], volume.array[lesion_input]):
+        raise InvariantError("lesion voxels differ from the input although exact_lesion was asked for")
+    report(progress, 1.0, "done")
+    return volume.with_array(output)

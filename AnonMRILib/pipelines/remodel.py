@@ -1,0 +1,173 @@
+"""Face remodeling with CP-GAN: ``remodel_face(volume) -> Volume`` in the input's own grid.
+
+Stages (each reported through ``progress``):
+
+1. **brain mask** b(x): the user's mask (checked to lie on the input grid) or
+   :func:`~AnonMRILib.transforms.brain_mask.resolve_brain_mask`;
+2. **privacy transform** gamma(x) = [convex hull, brain mask, brain intensities] on the S^3
+   model grid (:func:`~AnonMRILib.transforms.privacy.privacy_transform`, with the settings the
+   weights were trained with, read from their model card);
+3. **generator**: G(gamma) at S^3 on CUDA when available (``device="auto"``), else CPU; a CUDA
+   out-of-memory error is reported (progress message and a ``RuntimeWarning``) and the step is
+   retried on the CPU;
+4. **back to the input grid**: the generated head is resampled (linear) from the model grid to
+   the input grid, set to the background level outside the convex hull, and composed with the
+   input so that every brain voxel is *copied* from the input at native resolution
+   (f = b*x + (1-b)*G). The brain voxels are then checked bit for bit against the input; any
+   difference raises :class:`~AnonMRILib.errors.InvariantError` and nothing is returned.
+
+Randomness (probabilistic pooling, g_0, the hull's random rotations) all comes from ``seed``:
+the same input, weights and seed give the same output on CPU (CUDA may differ in the last bits
+of the generated head; the brain is exact everywhere).
+"""
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Union
+
+import numpy as np
+
+from ..errors import InputError, InvariantError
+from ..io.volume import Volume, require_usable_image
+from ..progress import ProgressCallback, report, sub_progress
+
+WeightsLike = Union[None, str, Path]
+
+
+def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None):
+    """G(gamma) at full resolution: (S, S, S) float32 CPU tensor in normalised intensity units.
+
+    ``gamma``: (3, S, S, S) tensor. The pyramid's Bernoulli draws and g_0 come from a CPU
+    ``torch.Generator`` seeded with ``seed`` (same numbers on every device).
+    """
+    import torch
+
+    from ..transforms.pooling import privacy_pyramid
+
+    device = torch.device(device) if device is not None else next(generator.parameters()).device
+    rng = torch.Generator()
+    rng.manual_seed(int(seed))
+    gamma = gamma.to(device=device, dtype=torch.float32)
+    with torch.no_grad():
+        gammas = privacy_pyramid(gamma[None], generator.config.scales, generator=rng)
+        noise = generator.sample_noise(1, rng, device)
+        output = generator(gammas, noise=noise)[-1]
+    return output[0, 0].to("cpu", torch.float32)
+
+
+def _privacy_config(card: Dict[str, Any], size: int):
+    from ..transforms.privacy import PrivacyTransformConfig
+
+    values = dict(card.get("privacy_transform") or {})
+    values["size"] = size
+    known = set(PrivacyTransformConfig.__dataclass_fields__)  # type: ignore[attr-defined]
+    return PrivacyTransformConfig(**{k: v for k, v in values.items() if k in known})
+
+
+def _run_generator(generator, gamma, seed: int, device, progress: Optional[ProgressCallback]):
+    """Generate on ``device``; on CUDA out-of-memory warn and retry on the CPU."""
+    import torch
+
+    from ..device import is_cuda_out_of_memory
+
+    try:
+        return generate_on_model_grid(generator.to(device), gamma, seed=seed, device=device)
+    except RuntimeError as error:
+        if device.type != "cuda" or not is_cuda_out_of_memory(error):
+            raise
+        message = ("CUDA ran out of memory while running the CP-GAN generator; retrying on the CPU "
+                   "(slower; close other GPU programs or use --device cpu)")
+        warnings.warn(message, RuntimeWarning)
+        report(progress, 0.0, message)
+        torch.cuda.empty_cache()
+        cpu = torch.device("cpu")
+        return generate_on_model_grid(generator.to(cpu), gamma, seed=seed, device=cpu)
+
+
+def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
+                 device: str = "auto", seed: int = 0, progress: Optional[ProgressCallback] = None) -> Volume:
+    """De-identify a whole-head T1 by remodeling everything outside the brain inside the head's hull.
+
+    ``volume``: the head (any orientation and spacing). ``brain_mask``: nonzero = brain on the
+    same grid, or None to compute one. ``weights``: CP-GAN generator safetensors (its model card
+    beside it); None = the shipped weights. ``device``: auto | cpu | cuda. Returns a Volume on
+    ``volume``'s grid with its dtype; brain voxels are the input's, bit for bit (checked).
+    Raises WeightsError (weights missing/corrupt), InputError (bad input), InvariantError.
+    """
+    volume_out, _ = remodel_face_with_details(volume, brain_mask, weights, device, seed, progress)
+    return volume_out
+
+
+def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
+                              device: str = "auto", seed: int = 0,
+                              progress: Optional[ProgressCallback] = None) -> Tuple[Volume, Dict[str, Any]]:
+    """:func:`remodel_face` plus details: the brain mask and convex hull used, stage timings (s)."""
+    import time
+
+    from ..device import resolve_device
+    from ..models.cpgan_weights import load_generator
+    from ..transforms.brain_mask import resolve_brain_mask
+    from ..transforms.brain_preservation import check_brain_preserved
+    from ..transforms.privacy import privacy_transform
+
+    require_usable_image(volume)
+    torch_device = resolve_device(device)
+    timings: Dict[str, float] = {}
+
+    start = time.perf_counter()
+    report(progress, 0.0, "brain mask")
+    mask = resolve_brain_mask(volume, brain_mask, progress=sub_progress(progress, 0.0, 0.35))
+    timings["brain_mask"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    report(progress, 0.35, "loading CP-GAN weights")
+    generator, card = load_generator(weights, device="cpu")
+    timings["load_weights"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    report(progress, 0.4, "privacy transform")
+    transform = privacy_transform(volume, mask, _privacy_config(card, generator.config.size), seed=seed,
+                                  progress=sub_progress(progress, 0.4, 0.7))
+    timings["privacy_transform"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    report(progress, 0.7, f"generator on {torch_device.type}")
+    generated = _run_generator(generator, transform.gamma, seed, torch_device, sub_progress(progress, 0.7, 0.85))
+    if not bool(np.isfinite(generated.numpy()).all()):
+        raise InvariantError("the CP-GAN generator produced NaN or infinite values; nothing was written")
+    timings["generator"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    report(progress, 0.85, "resampling back to the input grid")
+    output = transform.restore(generated, volume, suppress_outside_hull=True)
+    check_brain_preserved(volume, output, mask)
+    timings["resample_back"] = time.perf_counter() - start
+    report(progress, 1.0, "face remodeled; brain voxels verified")
+    details = {"brain_mask": mask, "convex_hull": transform.convex_hull, "timings_s": timings,
+               "model_size": generator.config.size, "weights_sha256": card.get("sha256"),
+               "device": str(torch_device)}
+    return output, details
+
+
+def remodel_scores(original: Volume, remodeled: Volume, brain_mask: Volume, convex_hull: Volume) -> Dict[str, float]:
+    """Checks of a remodeling: brain voxels kept (fraction, 1.0 = all bit-exact) and face-region change.
+
+    ``face_region_changed_fraction``: fraction of voxels inside the hull and outside the brain
+    whose value changed; ``face_region_mean_abs_change``: their mean absolute change divided by
+    the input's 99th percentile (unitless).
+    """
+    if not (original.same_grid(remodeled) and original.same_grid(brain_mask) and original.same_grid(convex_hull)):
+        raise InputError("original, remodeled, brain mask and hull must share one grid")
+    brain = np.asarray(brain_mask.array) != 0
+    before = np.asarray(original.array)
+    after = np.asarray(remodeled.array)
+    kept = float(np.mean(before[brain] == after[brain])) if brain.any() else 1.0
+    region = (np.asarray(convex_hull.array) != 0) & ~brain
+    scale = float(np.percentile(before, 99)) or 1.0
+    difference = np.abs(after[region].astype(np.float64) - before[region].astype(np.float64))
+    return {
+        "brain_voxels": int(brain.sum()),
+        "brain_voxels_preserved_fraction": kept,
+        "face_region_voxels": int(region.sum()),
+        "face_region_changed_fraction": float(np.mean(difference > 0)) if region.any() else 0.0,
+        "face_region_mean_abs_change": float(difference.mean() / scale) if region.any() else 0.0,
+    }

@@ -1,0 +1,164 @@
+"""deepbet brain extraction (Fisch et al. 2024) re-implemented on AnonMRI's safetensors weights.
+
+Same steps as deepbet 1.0.2's ``BrainExtraction.run`` (MIT licence), so its published accuracy
+carries over; the networks are :class:`~AnonMRILib.models.linknet3d.LinkNet3d` loaded from
+``AnonMRILib/weights/brain_extraction/deepbet_{bbox,brain}.safetensors`` (converted by
+``Training/convert_deepbet_weights.py``, checked against the SHA-256 in ``deepbet.json``):
+
+1. the volume is permuted/flipped to the closest RAS orientation (no interpolation);
+2. a 128^3 nearest-neighbour view, intensities clipped to its 0.5-99.5 percentiles and
+   standardised (``0.226 * z + 0.449``), goes through the bounding-box network; its largest
+   component's box, widened by 10 % per side, is the brain region;
+3. that region, resampled to 256^3 (nearest), goes through the brain network; the brain
+   probability is resampled back (nearest) and thresholded at 0.5;
+4. largest connected component, holes filled (scipy instead of deepbet's cc3d / fill_voids);
+5. flipped/permuted back onto the input's own grid.
+Networks run in float32 on ``device`` (CPU by default; CUDA when asked and available).
+"""
+import hashlib
+import json
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from ...errors import InputError, WeightsError
+from ...io.volume import Volume
+from ...progress import ProgressCallback, report
+
+#: folder of the converted deepbet weights and their model card
+WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights" / "brain_extraction"
+CARD_FILE = "deepbet.json"
+
+SMALL_SHAPE = (128, 128, 128)
+BRAIN_SHAPE = (256, 256, 256)
+BBOX_MARGIN = 0.1
+THRESHOLD = 0.5
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR) -> Dict[str, "object"]:
+    """The two LinkNet3d networks (``"bbox"``, ``"brain"``) in eval mode, float32, on ``device``."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ...models.linknet3d import LinkNet3d, LinkNet3dConfig
+
+    card_path = Path(weights_dir) / CARD_FILE
+    try:
+        card = json.loads(card_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise WeightsError(f"cannot read the brain-extraction model card {card_path}: {error}") from None
+    config = LinkNet3dConfig(**card.get("config", {}))
+    networks = {}
+    for role in ("bbox", "brain"):
+        entry = card.get("files", {}).get(role)
+        if entry is None:
+            raise WeightsError(f"the model card {card_path} lists no {role!r} weights")
+        path = Path(weights_dir) / entry["file"]
+        if not path.is_file():
+            raise WeightsError(f"brain-extraction weights missing: {path}")
+        if _sha256(path) != entry["sha256"]:
+            raise WeightsError(f"brain-extraction weights {path} do not match their SHA-256 in {card_path}")
+        network = LinkNet3d(config)
+        try:
+            network.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()}, strict=True)
+        except RuntimeError as error:
+            raise WeightsError(f"brain-extraction weights {path} do not fit LinkNet3d: {error}") from None
+        networks[role] = network.eval().to(device if device is not None else torch.device("cpu"))
+    return networks
+
+
+def _to_ras(array: np.ndarray, affine: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``array`` permuted/flipped to the closest RAS axes, and the orientation used (nibabel ornt)."""
+    import nibabel as nib
+
+    orientation = nib.orientations.io_orientation(affine)
+    return nib.orientations.apply_orientation(array, orientation), orientation
+
+
+def _from_ras(array: np.ndarray, orientation: np.ndarray) -> np.ndarray:
+    """Undo :func:`_to_ras`: back to the input's own voxel axes."""
+    import nibabel as nib
+
+    inverse = nib.orientations.ornt_transform(np.array([[0, 1], [1, 1], [2, 1]], dtype=float), orientation)
+    return nib.orientations.apply_orientation(array, inverse)
+
+
+def _normalize(x, low, high):
+    x = ((x - low) / (high - low)).clamp(0, 1)
+    x = (x - x.mean()) / x.std().clamp_min(1e-8)
+    return 0.226 * x + 0.449
+
+
+def _largest_component(mask: np.ndarray) -> np.ndarray:
+    from scipy import ndimage
+
+    labels, count = ndimage.label(mask)
+    if count <= 1:
+        return mask.astype(bool)
+    sizes = np.bincount(labels.ravel())
+    sizes[0] = 0
+    return labels == int(np.argmax(sizes))
+
+
+def _bounding_box(mask_small: np.ndarray, full_shape, margin: float = BBOX_MARGIN) -> Tuple[slice, ...]:
+    """deepbet's box: rows/columns/planes whose mean foreground exceeds 2 %, widened by ``margin``."""
+    scale = np.asarray(full_shape, float) / np.asarray(mask_small.shape, float)
+    box = []
+    for axis in range(3):
+        other = tuple(a for a in range(3) if a != axis)
+        indices = np.nonzero(mask_small.mean(axis=other) > 0.02)[0]
+        if indices.size == 0:
+            raise InputError("no brain was found in the image (is it a T1-weighted head MRI?)")
+        center = scale[axis] * (indices.max() + 1 + indices.min()) / 2
+        size = (1 + 2 * margin) * scale[axis] * ((indices.max() + 1) - indices.min())
+        center, size = np.round(center), np.round(size)
+        box.append(slice(max(0, int(center - size / 2)), min(int(full_shape[axis]), int(center + size / 2))))
+    return tuple(box)
+
+
+def compute_brain_mask(volume: Volume, progress: Optional[ProgressCallback] = None, device=None,
+                       networks: Optional[dict] = None) -> np.ndarray:
+    """Boolean brain mask on ``volume``'s grid (see the module docstring for the steps)."""
+    import torch
+    import torch.nn.functional as F
+    from scipy import ndimage
+
+    report(progress, 0.0, "loading brain-extraction networks")
+    networks = networks if networks is not None else load_networks(device)
+    device = next(networks["brain"].parameters()).device
+    data = np.nan_to_num(np.asarray(volume.array, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    data, orientation = _to_ras(data, volume.affine)
+    x = torch.from_numpy(np.ascontiguousarray(data)).to(device)
+
+    report(progress, 0.1, "finding the brain's bounding box")
+    with torch.no_grad():
+        x_small = F.interpolate(x[None, None], SMALL_SHAPE, mode="nearest-exact")[0, 0]
+        low, high = torch.quantile(x_small.flatten(), torch.tensor([0.005, 0.995], device=device))
+        if not bool(high > low):
+            raise InputError("the image has no intensity contrast; no brain can be found in it")
+        probability_small = networks["bbox"](_normalize(x_small, low, high)[None, None])[0, 1]
+    mask_small = _largest_component((probability_small > THRESHOLD).cpu().numpy())
+    box = _bounding_box(mask_small.astype(np.float32), data.shape)
+
+    report(progress, 0.3, "segmenting the brain")
+    with torch.no_grad():
+        crop = x[box]
+        crop_large = F.interpolate(crop[None, None], BRAIN_SHAPE, mode="nearest-exact")
+        probability = networks["brain"](_normalize(crop_large, low, high))[:, 1:2]
+        probability = F.interpolate(probability, tuple(crop.shape), mode="nearest-exact")[0, 0]
+    report(progress, 0.85, "cleaning the mask")
+    mask = np.zeros(data.shape, dtype=bool)
+    region = _largest_component(probability.cpu().numpy() > THRESHOLD)
+    mask[box] = ndimage.binary_fill_holes(region)
+    mask = _from_ras(mask, orientation)
+    report(progress, 1.0, "brain mask done")
+    return np.ascontiguousarray(mask)

@@ -1,0 +1,201 @@
+"""Brain mask b(x): the default backend on the real sample head, the user's mask, the CLI.
+
+The default (deepbet) backend runs twice here (~15-40 s each on 2 CPU cores): once on the sample
+through the Python API (module fixture), once through ``anonmri brainmask`` on a re-oriented copy.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from AnonMRILib.cli.main import main
+from AnonMRILib.errors import InputError, WeightsError
+from AnonMRILib.io import Volume, load_volume, save_volume
+from AnonMRILib.sample_data import load_sample_brain_mask, load_sample_head
+from AnonMRILib.transforms import brain_mask as brain_mask_module
+from AnonMRILib.transforms.brain_mask import brain_mask, dice, resolve_brain_mask, user_brain_mask
+
+#: measured 0.944 (deepbet vs ROBEX on this head; see README table); a little slack for BLAS
+DICE_VS_ROBEX_MIN = 0.93
+
+
+@pytest.fixture(scope="module")
+def head():
+    return load_sample_head()
+
+
+@pytest.fixture(scope="module")
+def reference(head):
+    return load_sample_brain_mask()
+
+
+@pytest.fixture(scope="module")
+def computed(head):
+    seen = []
+    mask = brain_mask(head, progress=lambda fraction, message: seen.append((fraction, message)))
+    return mask, seen
+
+
+def _world_extent(volume: Volume, mask: np.ndarray):
+    world = volume.world_coordinates(np.argwhere(mask))
+    return world.min(axis=0), world.max(axis=0)
+
+
+# --- the default backend on the real sample ------------------------------------------------------
+def test_mask_is_uint8_binary_on_the_input_grid(head, computed):
+    mask, _ = computed
+    assert mask.dtype == np.uint8
+    assert set(np.unique(mask.array)) == {0, 1}
+    assert mask.same_grid(head)
+
+
+def test_mask_agrees_with_robex(computed, reference):
+    mask, _ = computed
+    assert dice(mask, reference) >= DICE_VS_ROBEX_MIN
+    ratio = mask.array.sum() / reference.array.sum()
+    assert 0.85 < ratio < 1.2
+
+
+def test_no_voxels_in_the_eyes_face_or_neck(head, computed, reference):
+    mask, _ = computed
+    low, high = _world_extent(head, reference.array > 0)
+    world = head.world_coordinates(np.argwhere(mask.array > 0))
+    in_front = world[:, 1] > high[1] + 5.0   # > 5 mm anterior of ROBEX's brain: eyes, face
+    below = world[:, 2] < low[2] - 5.0       # > 5 mm below ROBEX's brain: neck
+    voxel_ml = float(np.prod(head.spacing)) / 1000
+    assert in_front.sum() * voxel_ml < 0.5
+    assert below.sum() * voxel_ml < 2.0
+
+
+def test_mask_lies_inside_the_head(head, computed):
+    mask, _ = computed
+    inside = head.array[mask.array > 0]
+    threshold = 0.05 * np.percentile(head.array, 99)
+    assert np.mean(inside > threshold) > 0.98
+    # the mask is one solid piece without holes
+    from scipy import ndimage
+
+    labels, count = ndimage.label(mask.array)
+    assert count == 1
+    assert np.array_equal(ndimage.binary_fill_holes(mask.array), mask.array.astype(bool))
+
+
+def test_progress_is_reported_in_order(computed):
+    _, seen = computed
+    fractions = [fraction for fraction, _ in seen]
+    assert fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert fractions == sorted(fractions)
+    assert all(isinstance(message, str) and message for _, message in seen)
+
+
+# --- the user's mask and the guards ---------------------------------------------------------------
+def test_user_mask_is_checked_and_binarised(head, reference):
+    labels = reference.with_array(reference.array.astype(np.int16) * 7)
+    mask = user_brain_mask(labels, head)
+    assert mask.dtype == np.uint8 and np.array_equal(mask.array, reference.array)
+    assert resolve_brain_mask(head, labels).same_grid(head)
+
+
+def test_user_mask_on_another_grid_is_refused(head, reference):
+    shifted = np.array(reference.affine)
+    shifted[0, 3] += 3.0
+    with pytest.raises(InputError, match="grid"):
+        user_brain_mask(Volume(reference.array, shifted), head)
+    with pytest.raises(InputError, match="shape"):
+        user_brain_mask(Volume(reference.array[:-1], reference.affine), head)
+
+
+def test_empty_user_mask_is_refused(head, reference):
+    with pytest.raises(InputError, match="empty"):
+        user_brain_mask(reference.with_array(np.zeros(reference.shape, np.uint8)), head)
+
+
+def test_empty_computed_mask_is_refused(head, monkeypatch):
+    monkeypatch.setitem(brain_mask_module._IMPLEMENTATIONS, "deepbet",
+                        lambda volume, progress: np.zeros(volume.shape, bool))
+    with pytest.raises(InputError, match="empty"):
+        brain_mask(head)
+
+
+@pytest.mark.parametrize("array", [np.zeros((40, 40, 40), np.int16),
+                                   np.full((40, 40, 40), np.nan, np.float32)])
+def test_unusable_images_are_refused(array):
+    with pytest.raises(InputError):
+        brain_mask(Volume(array, np.eye(4)))
+
+
+def test_unknown_backend_is_refused(head):
+    with pytest.raises(InputError, match="backend"):
+        brain_mask(head, backend="magic")
+
+
+def test_weights_with_a_wrong_checksum_are_refused(tmp_path):
+    import shutil
+
+    from AnonMRILib.transforms.brain_extraction.deepbet import CARD_FILE, WEIGHTS_DIR, load_networks
+
+    for path in WEIGHTS_DIR.iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    card = json.loads((tmp_path / CARD_FILE).read_text())
+    card["files"]["bbox"]["sha256"] = "0" * 64
+    (tmp_path / CARD_FILE).write_text(json.dumps(card))
+    with pytest.raises(WeightsError, match="SHA-256"):
+        load_networks(weights_dir=tmp_path)
+
+
+def test_linknet_gives_probabilities_at_input_size():
+    import torch
+
+    from AnonMRILib.models.linknet3d import LinkNet3d, LinkNet3dConfig
+
+    network = LinkNet3d(LinkNet3dConfig(base_channels=8)).eval()
+    with torch.no_grad():
+        out = network(torch.randn(1, 1, 64, 64, 64, generator=torch.Generator().manual_seed(0)))
+    assert out.shape == (1, 2, 64, 64, 64)
+    torch.testing.assert_close(out.sum(dim=1), torch.ones(1, 64, 64, 64))
+
+
+# --- the command line -----------------------------------------------------------------------------
+def test_cli_brainmask_on_a_reoriented_sample(tmp_path, head, computed):
+    """End to end through ``anonmri brainmask``; a flipped/permuted input gives the same brain."""
+    # new voxel (a, b, c) is the sample's voxel (b, n1 - 1 - a, c): axes swapped and one flipped
+    n1 = head.shape[1]
+    to_old = np.array([[0, 1, 0, 0], [-1, 0, 0, n1 - 1], [0, 0, 1, 0], [0, 0, 0, 1]], float)
+    array = np.flip(np.transpose(head.array, (1, 0, 2)), axis=0)
+    reoriented = Volume(np.ascontiguousarray(array), head.affine @ to_old)
+    # same world position of every voxel
+    np.testing.assert_allclose(reoriented.world_coordinates(np.array([[5, 7, 9]])),
+                               head.world_coordinates(np.array([[7, head.shape[1] - 1 - 5, 9]])), atol=1e-6)
+    source = save_volume(reoriented, tmp_path / "head_reoriented.nrrd")
+    output = tmp_path / "mask.nii.gz"
+    assert main(["brainmask", str(source), str(output), "--quiet"]) == 0
+    written = load_volume(output)
+    assert written.dtype == np.uint8 and written.same_grid(load_volume(source))
+    back = np.transpose(np.flip(written.array, axis=0), (1, 0, 2))
+    assert dice(head.with_array(back), computed[0]) > 0.99
+
+
+@pytest.mark.parametrize("case", ["not_an_image", "output_is_input", "bad_output_suffix", "all_zero", "four_d"])
+def test_cli_brainmask_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
+    image = tmp_path / "in.nii.gz"
+    save_volume(Volume(np.arange(8000, dtype=np.int16).reshape(20, 20, 20), np.eye(4)), image)
+    output = tmp_path / "out.nii.gz"
+    if case == "not_an_image":
+        image = tmp_path / "notes.nii.gz"
+        image.write_text("not an image")
+    elif case == "output_is_input":
+        output = image
+    elif case == "bad_output_suffix":
+        output = tmp_path / "out.txt"
+    elif case == "all_zero":
+        save_volume(Volume(np.zeros((20, 20, 20), np.int16), np.eye(4)), image)
+    elif case == "four_d":
+        nib = pytest.importorskip("nibabel")
+        image = tmp_path / "in4d.nii.gz"
+        nib.save(nib.Nifti1Image(np.ones((8, 8, 8, 3), np.int16), np.eye(4)), str(image))
+    capsys.readouterr()
+    assert main(["brainmask", str(image), str(output), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("anonmri brainmask: error:")
+    assert "Traceback" not in err[0]
+    assert not (tmp_path / "out.nii.gz").exists() or case == "output_is_input"

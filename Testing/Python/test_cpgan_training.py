@@ -1,0 +1,123 @@
+"""Training/train_cpgan.py: cache, 2-process DistributedDataParallel on gloo (CPU), checkpoints and resume."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "Training"))
+
+import train_cpgan  # noqa: E402
+
+from AnonMRILib.models.cpgan_weights import load_generator  # noqa: E402
+from AnonMRILib.sample_data import sample_brain_mask_path, sample_head_path  # noqa: E402
+
+TINY_MODEL = {"size": 32, "finest_channels": 4, "coarsest_channels": 8}
+
+
+def tiny_config(**overrides) -> train_cpgan.TrainConfig:
+    values = dict(
+        model=TINY_MODEL,
+        population={"subjects_per_head": 2, "scans_per_subject": 1, "seed": 0},
+        privacy={"rotations": 8},
+        heads=[{"name": "sample", "image": str(sample_head_path()), "brain_mask": str(sample_brain_mask_path())}],
+        working_spacing_mm=4.0, steps=3, batch_size=1, reconstruction_weight=1.0, log_every=1,
+        checkpoint_every=2, sample_every=0, threads=1, seed=0)
+    values.update(overrides)
+    return train_cpgan.TrainConfig(**values)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("cache")
+    index = train_cpgan.build_cache(tiny_config(), directory, log=lambda message: None)
+    assert len(index["scans"]) == 2 and (directory / "index.json").is_file()
+    return directory
+
+
+def test_cache_holds_gamma_and_image_at_model_size(cache):
+    pairs = train_cpgan.CachedPairs(cache)
+    gamma, image = pairs[0]
+    assert gamma.shape == (3, 32, 32, 32) and image.shape == (1, 32, 32, 32)
+    assert set(torch.unique(gamma[:2]).tolist()) <= {0.0, 1.0}
+    assert float(image.max()) > 0.5
+
+
+def test_two_process_gloo_ddp_then_resume(cache, tmp_path):
+    out = tmp_path / "run"
+    config_path = tmp_path / "config.json"
+    config = tiny_config(heads=[])  # the cache is already built; workers only read it
+    config_path.write_text(json.dumps(train_cpgan.asdict(config)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               str(REPO / "Training" / "train_cpgan.py"), "--config", str(config_path), "--out", str(out),
+               "--cache", str(cache), "--device", "cpu"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "world 2" in result.stdout
+
+    # both replicas ended with identical networks (gradients were all-reduced)
+    ranks = [json.loads((out / f"parameters_rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["step"] == ranks[1]["step"] == 3
+    assert ranks[0]["generator"] == ranks[1]["generator"]
+    assert ranks[0]["discriminator"] == ranks[1]["discriminator"]
+
+    lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert set(lines[-1]["l1_per_scale"]) == {"4", "8", "16", "32"}
+    generator, card = load_generator(out / "generator.safetensors")
+    assert generator.config.size == 32 and card["training"]["steps"] == 3 and card["training"]["processes"] == 2
+    assert card["data"]["scans"] == 2
+
+    # resume in one process: continues from the checkpoint's step with the optimizer state restored
+    checkpoint = json.loads((out / "checkpoint.json").read_text())
+    assert checkpoint["step"] == 3 and checkpoint["optimizer_g"]["state"]
+    summary = train_cpgan.train(tiny_config(heads=[], steps=5), out, cache, device_name="cpu")
+    assert summary["steps"] == 5
+    lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines][-2:] == [4, 5]
+
+
+def test_checkpoint_round_trip_restores_optimizer_state(tmp_path):
+    from AnonMRILib.models.cpgan import CPGANConfig, CPGANDiscriminator, CPGANGenerator
+
+    config = tiny_config()
+    model = CPGANConfig(**TINY_MODEL)
+    nets = [CPGANGenerator(model), CPGANDiscriminator(model), CPGANGenerator(model)]
+    optimizers = [train_cpgan.make_optimizer(nets[0].parameters(), config),
+                  train_cpgan.make_optimizer(nets[1].parameters(), config)]
+    for net, optimizer in zip(nets[:2], optimizers):
+        loss = sum((p ** 2).sum() for p in net.parameters())
+        loss.backward()
+        optimizer.step()
+    rng = torch.Generator().manual_seed(3)
+    path = tmp_path / "checkpoint.safetensors"
+    train_cpgan.save_checkpoint(path, 7, 12.5, *nets, *optimizers, rng, config)
+    fresh = [CPGANGenerator(model), CPGANDiscriminator(model), CPGANGenerator(model)]
+    fresh_optimizers = [train_cpgan.make_optimizer(fresh[0].parameters(), config),
+                        train_cpgan.make_optimizer(fresh[1].parameters(), config)]
+    fresh_rng = torch.Generator()
+    step, elapsed = train_cpgan.load_checkpoint(path, *fresh, *fresh_optimizers, fresh_rng)
+    assert (step, elapsed) == (7, 12.5)
+    for a, b in zip(nets, fresh):
+        for x, y in zip(a.state_dict().values(), b.state_dict().values()):
+            assert torch.equal(x, y)
+    for a, b in zip(optimizers, fresh_optimizers):
+        sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+        assert sa.keys() == sb.keys()
+        for key in sa:
+            assert torch.equal(sa[key]["exp_avg"], sb[key]["exp_avg"])
+            assert sa[key]["step"] == sb[key]["step"]
+    assert torch.equal(rng.get_state(), fresh_rng.get_state())

@@ -1,0 +1,375 @@
+"""Privacy / utility evaluation: Siamese attacker, identification and retrieval studies, tissue
+agreement, canonical face renderings, per-scan scores, and the evaluation script end to end."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from AnonMRILib.errors import InputError, WeightsError
+from AnonMRILib.io import Volume
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- Siamese attacker -------------------------------------------------------------------------
+def _tiny_model_config():
+    from AnonMRILib.models.reidentification import SiameseConfig
+
+    return SiameseConfig(image_size=16, channels=(4, 8), embedding_dim=8)
+
+
+def _synthetic_faces(n_subjects=8, scans=2, size=16, seed=0):
+    """Each subject a smooth random pattern; each scan of it the pattern plus a little noise."""
+    from scipy.ndimage import gaussian_filter
+
+    rng = np.random.default_rng(seed)
+    images, subjects = [], []
+    for subject in range(n_subjects):
+        base = gaussian_filter(rng.random((size, size)), 1.5)
+        base = (base - base.min()) / (base.max() - base.min())
+        for _ in range(scans):
+            images.append(np.clip(base + 0.02 * rng.standard_normal((size, size)), 0, 1))
+            subjects.append(subject)
+    return np.asarray(images, np.float32), np.asarray(subjects)
+
+
+def test_siamese_config_rejects_sizes_that_do_not_pool():
+    from AnonMRILib.models.reidentification import SiameseConfig
+
+    with pytest.raises(InputError):
+        SiameseConfig(image_size=20, channels=(4, 8, 16))
+
+
+def test_siamese_embeds_and_resizes_renderings():
+    from AnonMRILib.models.reidentification import SiameseNetwork
+
+    network = SiameseNetwork(_tiny_model_config())
+    embeddings = network.embed(np.random.default_rng(0).random((3, 40, 40)).astype(np.float32))
+    assert embeddings.shape == (3, 8)
+    distance = network.distance(np.zeros((2, 16, 16)), np.zeros((2, 16, 16)))
+    np.testing.assert_allclose(distance, 0.0, atol=1e-9)
+    with pytest.raises(InputError):
+        network.embed(np.full((1, 16, 16), np.nan))
+
+
+def test_attacker_training_is_deterministic_and_weights_round_trip(tmp_path):
+    from AnonMRILib.evaluation.reidentification import AttackerTrainingConfig, train_attacker
+    from AnonMRILib.models.reidentification import SiameseNetwork
+
+    images, subjects = _synthetic_faces()
+    training = AttackerTrainingConfig(steps=6, batch_size=4, seed=3)
+    first, history = train_attacker(images, subjects, _tiny_model_config(), training)
+    second, _ = train_attacker(images, subjects, _tiny_model_config(), training)
+    assert len(history["loss"]) == 6 and all(np.isfinite(history["loss"]))
+    np.testing.assert_array_equal(first.embed(images), second.embed(images))
+
+    path = first.save(tmp_path / "reid.safetensors", card={"training_data": "synthetic"})
+    card = json.loads(path.with_suffix(".json").read_text())
+    assert card["config"]["image_size"] == 16 and len(card["sha256"]) == 64
+    loaded = SiameseNetwork.load(path)
+    np.testing.assert_allclose(loaded.embed(images), first.embed(images), atol=1e-6)
+
+    path.write_bytes(path.read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(WeightsError):
+        SiameseNetwork.load(path)
+    with pytest.raises(WeightsError):
+        SiameseNetwork.load(tmp_path / "missing.safetensors")
+
+
+def test_attacker_learns_to_tell_subjects_apart():
+    """After training, two scans of one subject are closer than scans of different subjects."""
+    from AnonMRILib.evaluation.reidentification import AttackerTrainingConfig, train_attacker
+
+    images, subjects = _synthetic_faces(n_subjects=10)
+    network, history = train_attacker(images, subjects, _tiny_model_config(),
+                                      AttackerTrainingConfig(steps=40, batch_size=8, max_shift_px=1))
+    assert np.mean(history["loss"][-10:]) < np.mean(history["loss"][:10])
+    embeddings = network.embed(images)
+    same = np.linalg.norm(embeddings[0::2] - embeddings[1::2], axis=1).mean()
+    different = np.linalg.norm(embeddings[0::2] - np.roll(embeddings[1::2], 1, axis=0), axis=1).mean()
+    assert same < different
+
+
+# --- identification and retrieval -------------------------------------------------------------
+def test_identification_is_perfect_for_identity_embeddings_and_chance_for_constant_ones():
+    from AnonMRILib.evaluation.reidentification import bootstrap_rate, identification_trials
+
+    rng = np.random.default_rng(1)
+    subjects = np.repeat(np.arange(12), 2)
+    centres = rng.normal(size=(12, 4)) * 10
+    embeddings = centres[subjects] + 0.01 * rng.normal(size=(24, 4))
+    perfect = identification_trials(embeddings, embeddings, subjects)
+    assert perfect.all() and perfect.size == 24
+    chance = identification_trials(embeddings, np.zeros_like(embeddings), subjects, repeats=100)
+    rate = bootstrap_rate(chance)
+    assert abs(rate["mean"] - 0.2) < 0.03 and 0 < rate["sd"] < 0.02
+    # the paper's variant: the correct option is the same scan
+    assert identification_trials(embeddings, embeddings, subjects, correct_option="same_scan").all()
+    with pytest.raises(InputError):
+        identification_trials(embeddings[:8], embeddings[:8], subjects[:8])  # 4 subjects < 5 options
+
+
+def test_retrieval_ranks_and_top_alpha_curve():
+    from AnonMRILib.evaluation.reidentification import curve_band, retrieval_ranks, top_alpha_curve
+
+    rng = np.random.default_rng(2)
+    subjects = np.repeat(np.arange(20), 2)
+    embeddings = (rng.normal(size=(20, 4)) * 10)[subjects]
+    assert np.all(retrieval_ranks(embeddings, embeddings, subjects) == 0)
+    uniform = np.concatenate([retrieval_ranks(embeddings, np.zeros_like(embeddings), subjects, seed=s)
+                              for s in range(20)])
+    assert abs(uniform.mean() - 0.5) < 0.05
+    alphas = np.linspace(0, 1, 11)
+    curve = top_alpha_curve(uniform, alphas)
+    assert np.all(np.diff(curve) >= 0) and curve[-1] == 1.0 and abs(curve[5] - 0.5) < 0.08
+    band = curve_band(np.stack([curve, np.ones_like(curve)]))
+    assert np.all(np.array(band["lower"]) <= np.array(band["upper"]))
+
+
+def test_patient_splits_are_subject_disjoint():
+    from AnonMRILib.evaluation.reidentification import patient_splits
+
+    splits = patient_splits(np.repeat(np.arange(30), 2), n_splits=4, seed=0)
+    assert len(splits) == 4
+    for train, test in splits:
+        assert len(test) == 6 and len(train) == 24 and not set(train) & set(test)
+    assert any(not np.array_equal(splits[0][1], s[1]) for s in splits[1:])
+    with pytest.raises(InputError):
+        patient_splits(np.arange(6), n_splits=1)
+
+
+# --- tissue agreement -------------------------------------------------------------------------
+def _synthetic_brain(shape=(40, 40, 40)):
+    """Concentric shells: white core (300), grey (200), CSF (60), a 'skull' (150), air (0)."""
+    grid = np.indices(shape).astype(float)
+    radius = np.sqrt(((grid - (np.array(shape)[:, None, None, None] - 1) / 2) ** 2).sum(axis=0))
+    data = np.zeros(shape, np.float32)
+    data[radius < 18] = 150
+    data[radius < 15] = 60
+    data[radius < 13] = 200
+    data[radius < 8] = 300
+    brain = (radius < 15).astype(np.uint8)
+    return Volume(data, np.eye(4)), Volume(brain, np.eye(4))
+
+
+def test_tissue_classification_finds_the_three_classes():
+    from AnonMRILib.evaluation.tissue_segmentation import CSF, GREY, WHITE, segment_tissues
+
+    head, brain = _synthetic_brain()
+    labels = segment_tissues(head, brain_mask_function=lambda volume: brain).array
+    assert np.all(labels[head.array == 300] == WHITE)
+    assert np.all(labels[(head.array == 200) & (brain.array == 1)] == GREY)
+    assert np.all(labels[(head.array == 60) & (brain.array == 1)] == CSF)
+    assert np.all(labels[brain.array == 0] == 0)
+
+
+def test_tissue_agreement_dice_and_iou():
+    from AnonMRILib.evaluation.tissue_segmentation import overlap, tissue_agreement
+
+    a = np.zeros((4, 4, 4), bool)
+    b = np.zeros((4, 4, 4), bool)
+    a[:2] = True          # 32 voxels
+    b[1:3] = True         # 32 voxels, 16 shared
+    assert overlap(a, b) == {"dice": 0.5, "iou": 16 / 48}
+    assert overlap(np.zeros(3, bool), np.zeros(3, bool)) == {"dice": 1.0, "iou": 1.0}
+    labels = Volume(np.random.default_rng(0).integers(0, 4, (6, 6, 6)).astype(np.uint8), np.eye(4))
+    agreement = tissue_agreement(labels, labels)
+    assert set(agreement) == {"BRAIN", "CSF", "WHITE", "GREY"}
+    assert all(v == {"dice": 1.0, "iou": 1.0} for v in agreement.values())
+    with pytest.raises(InputError):
+        tissue_agreement(labels, Volume(labels.array[:5], np.eye(4)))
+
+
+# --- canonical face renderings ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sample():
+    from AnonMRILib.sample_data import load_sample_brain_mask, load_sample_head
+
+    return load_sample_head(), load_sample_brain_mask()
+
+
+def test_canonical_rendering_is_framed_by_physical_size(sample):
+    from AnonMRILib.evaluation.face_renderings import (FaceRenderingConfig, canonical_volume, head_centre,
+                                                       render_canonical_face)
+
+    head, _ = sample
+    config = FaceRenderingConfig(grid_size=48, image_size=48, field_of_view_mm=256.0)
+    centre = head_centre(head)
+    canonical = canonical_volume(head, centre, config)
+    assert canonical.shape == (48, 48, 48)
+    np.testing.assert_allclose(canonical.spacing, 256.0 / 48)
+    image = render_canonical_face(head, centre, config)
+    assert image.shape == (48, 48) and image.dtype == np.float32 and 0.1 < (image > 0).mean() < 0.9
+    # the same head on a grid twice as fine renders the same face
+    fine = Volume(np.repeat(head.array, 2, axis=0), head.affine @ np.diag([0.5, 1, 1, 1]))
+    fine = Volume(fine.array, fine.affine.copy())
+    fine.affine[:3, 3] -= 0.25 * head.affine[:3, 0]
+    other = render_canonical_face(fine, centre, config)
+    assert np.mean(np.abs(other - image)) < 0.05
+    black = render_canonical_face(head.with_array(np.zeros(head.shape, np.int16)), centre, config)
+    assert not black.any()
+
+
+# --- anonymity criterion ----------------------------------------------------------------------
+def test_anonymity_criterion_threshold_and_scores():
+    from AnonMRILib.evaluation.anonymity import DEFAULT_THRESHOLD_DB, anonymity_score, is_anonymized, threshold_db
+
+    assert DEFAULT_THRESHOLD_DB == pytest.approx(10 * np.log10(0.7 / 0.3))
+    assert threshold_db(0.5) == pytest.approx(0.0)
+    rng = np.random.default_rng(0)
+    original, other = rng.random((2, 16, 16))
+    close = original + 0.01
+    # MSE(close, original) = 1e-4; the score is 10 log10 of the MSE ratio
+    expected = 10 * np.log10(np.mean((close - other) ** 2) / 1e-4)
+    assert anonymity_score(close, original, other) == pytest.approx(expected)
+    assert not is_anonymized(anonymity_score(close, original, other))
+    assert is_anonymized(anonymity_score(other + 0.01, original, other))
+    with pytest.raises(InputError):
+        anonymity_score(original, original[:8], other)
+
+
+# --- per-scan scores --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shaved(sample):
+    """The sample with its face region set to 0 (a crude removal method) and the region."""
+    from AnonMRILib.evaluation.scores import face_region
+
+    head, brain = sample
+    region = face_region(head, brain)
+    data = head.array.copy()
+    data[region] = 0
+    return head.with_array(data), region
+
+
+def test_face_region_is_in_front_of_and_below_the_brain(sample, shaved):
+    head, brain = sample
+    _, region = shaved
+    assert region.sum() > 10000 and not (region & (brain.array != 0)).any()
+    world = head.world_coordinates(np.argwhere(region)[::50])
+    brain_world = head.world_coordinates(np.argwhere(brain.array != 0)[::50])
+    assert world[:, 1].min() > brain_world[:, 1].mean()          # anterior of the brain centroid
+    assert np.median(world[:, 2]) < brain_world[:, 2].mean()     # mostly below it
+
+
+def test_scan_scores_of_identity_and_of_a_removal(sample, shaved, tmp_path):
+    from AnonMRILib.models.reidentification import SiameseNetwork
+
+    from AnonMRILib.evaluation.scores import scan_scores
+
+    head, brain = sample
+    removed, _ = shaved
+    same = scan_scores(head, head, brain, reference_renderings=False)
+    assert same["brain"]["preserved_fraction"] == 1.0
+    assert same["face_region"]["psnr_db"] == float("inf") and same["face_region"]["ssim"] == pytest.approx(1.0)
+
+    attacker = SiameseNetwork(_tiny_model_config()).save(tmp_path / "attacker.safetensors")
+    references = np.random.default_rng(0).random((4, 32, 32)).astype(np.float32)
+    changed = scan_scores(head, removed, brain, reference_renderings=references, attacker_weights=attacker)
+    assert changed["brain"]["preserved_fraction"] == 1.0
+    assert changed["face_region"]["changed_fraction"] > 0.5 and changed["face_region"]["psnr_db"] < 20
+    assert changed["face_region"]["ssim"] < 0.5
+    assert changed["anonymity"]["n_references"] == 4 and np.isfinite(changed["anonymity"]["score_db"])
+    assert 0 <= changed["attacker"]["rank"] <= 4 and changed["attacker"]["n_candidates"] == 5
+    json.dumps(changed)
+
+    brain_changed = head.array.copy()
+    brain_changed[brain.array != 0] += 1
+    broken = scan_scores(head, head.with_array(brain_changed), brain, reference_renderings=False)
+    assert broken["brain"]["preserved_fraction"] == 0.0 and broken["brain"]["max_abs_change"] == 1.0
+
+
+def test_scan_scores_refuses_mismatched_grids(sample):
+    from AnonMRILib.evaluation.scores import scan_scores
+
+    head, brain = sample
+    with pytest.raises(InputError, match="grid"):
+        scan_scores(head, Volume(head.array[:-1], head.affine), brain, reference_renderings=False)
+    moved = head.affine.copy()
+    moved[0, 3] += 5.0
+    with pytest.raises(InputError, match="grid"):
+        scan_scores(head, Volume(head.array, moved), brain, reference_renderings=False)
+
+
+def test_score_command(sample, shaved, tmp_path):
+    from AnonMRILib.cli.main import main
+    from AnonMRILib.io import save_volume
+    from AnonMRILib.sample_data import sample_brain_mask_path, sample_head_path
+
+    head, _ = sample
+    removed, _ = shaved
+    anonymized = save_volume(removed, tmp_path / "removed.nii.gz", like=head)
+    code = subprocess.run([sys.executable, "-m", "AnonMRILib", "score", str(sample_head_path()), str(anonymized),
+                           "--brain-mask", str(sample_brain_mask_path()), "--no-renderings", "--json"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert code.returncode == 0, code.stderr
+    scores = json.loads(code.stdout)
+    assert scores["brain"]["preserved_fraction"] == 1.0 and scores["face_region"]["changed_fraction"] > 0.5
+    small = save_volume(Volume(head.array[:-2], head.affine), tmp_path / "small.nii.gz", like=head.dtype)
+    assert main(["score", str(sample_head_path()), str(small), "--no-renderings", "--json"]) == 2
+
+
+# --- the evaluation script end to end ---------------------------------------------------------
+def _load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evaluate_privacy", REPO_ROOT / "Training" / "evaluate_privacy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
+    """A tiny population from the embedded sample; brain extraction replaced by a fast threshold."""
+    import AnonMRILib.transforms.brain_mask as brain_mask_module
+    from AnonMRILib.models.reidentification import SiameseNetwork
+    from AnonMRILib.sample_data import sample_brain_mask_path, sample_head_path
+
+    script = _load_script()
+    calls = []
+
+    def threshold_brain(volume, backend="auto", progress=None):  # stands in for deepbet (slow)
+        calls.append(volume.shape)
+        data = np.asarray(volume.array, np.float32)
+        return volume.with_array((data > 0.6 * np.percentile(data, 99)).astype(np.uint8))
+
+    monkeypatch.setattr(brain_mask_module, "brain_mask", threshold_brain)
+    config = script.EvaluationConfig(
+        heads=[f"sample={sample_head_path()}:{sample_brain_mask_path()}"],
+        methods=["ORIGINAL", "BLURRED", "QUICKSHEAR", "CP-GAN", "BLACK", "SKULLSTRIP"],
+        cpgan_weights=str(tmp_path / "no_such_weights.safetensors"),
+        subjects_per_head=8, working_spacing_mm=6.0, render_grid_size=32, render_size=32, blur_sigma_px=1.0,
+        attacker_image_size=32, attacker_channels=[4, 8], attacker_embedding_dim=8, training_steps=4,
+        training_batch_size=4, n_splits=2, identification_repeats=2, bootstrap_resamples=50, tissue_scans=1,
+        alpha_points=11)
+    out, work = tmp_path / "report", tmp_path / "work"
+    result = script.evaluate(config, out, work, save_attacker=tmp_path / "reid.safetensors",
+                             save_reference=tmp_path / "reference.npz", reference_count=3)
+    if not (REPO_ROOT / "AnonMRILib" / "weights" / "cpgan_s64.safetensors").is_file():
+        assert "CP-GAN" not in result["identification_rate"] and "CP-GAN left out" in result["notes"][0]
+    methods = [m for m in config.methods if m in result["identification_rate"]]
+    assert {"ORIGINAL", "BLURRED", "QUICKSHEAR", "BLACK", "SKULLSTRIP"} <= set(methods)
+    for method in methods:
+        rate = result["identification_rate"][method]
+        assert 0.0 <= rate["mean"] <= 1.0 and rate["sd"] >= 0.0 and len(rate["per_split"]) == 2
+        band = result["retrieval"]["curves"][method]
+        assert len(band["mean"]) == 11 and band["mean"][-1] == 1.0
+    assert result["brain_agreement"]["n_scans"] == 1 and len(calls) == 1 + 3  # original + 3 volume methods
+    agreement = result["brain_agreement"]["methods"]
+    assert agreement["QUICKSHEAR"]["BRAIN"]["dice"] > 0.5 and agreement["ORIGINAL"]["GREY"]["dice"] == 1.0
+    saved = json.loads((out / "privacy.json").read_text())
+    assert set(saved) >= {"identification_rate", "retrieval", "brain_agreement", "config", "wall_time_s"}
+    for name in ("top_alpha", "identification_rate", "renderings_grid", "attacker_loss"):
+        assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.json").is_file()
+    assert "| ORIGINAL |" in (out / "report.md").read_text()
+    assert SiameseNetwork.load(tmp_path / "reid.safetensors").config.image_size == 32
+    with np.load(tmp_path / "reference.npz") as reference:
+        assert reference["renderings"].shape == (3, 32, 32) and reference["renderings"].dtype == np.uint8
+
+    # a second run reuses every cached rendering, tissue result and attacker
+    calls.clear()
+    again = script.evaluate(config, tmp_path / "report2", work)
+    assert calls == []
+    assert again["identification_rate"] == result["identification_rate"]

@@ -1,0 +1,148 @@
+"""remodel_face and ``anonmri remodel``: brain bit-exact, face changed, deterministic, weights errors, OOM retry."""
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from AnonMRILib.cli.main import main  # noqa: E402
+from AnonMRILib.errors import WeightsError  # noqa: E402
+from AnonMRILib.io import load_volume  # noqa: E402
+from AnonMRILib.models.cpgan import CPGANConfig, CPGANGenerator  # noqa: E402
+from AnonMRILib.models.cpgan_weights import DEFAULT_WEIGHTS, save_generator  # noqa: E402
+from AnonMRILib.pipelines import remodel as remodel_module  # noqa: E402
+from AnonMRILib.pipelines.remodel import remodel_face, remodel_face_with_details, remodel_scores  # noqa: E402
+from AnonMRILib.sample_data import (load_sample_brain_mask, load_sample_head, sample_brain_mask_path,  # noqa: E402
+                                    sample_head_path)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_sample_head(), load_sample_brain_mask()
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    """A random-initialised S=32 generator whose last layer outputs a bright constant (a visible change)."""
+    torch.manual_seed(0)
+    generator = CPGANGenerator(CPGANConfig(size=32, finest_channels=4, coarsest_channels=8))
+    with torch.no_grad():
+        generator.blocks[0].to_image.conv.bias.fill_(0.5)
+    path = tmp_path_factory.mktemp("weights") / "tiny.safetensors"
+    save_generator(path, generator, {"privacy_transform": {"size": 32, "rotations": 8}})
+    return path
+
+
+@pytest.fixture(scope="module")
+def remodeled(sample, tiny_weights):
+    head, mask = sample
+    output, details = remodel_face_with_details(head, mask, weights=tiny_weights, device="cpu", seed=0)
+    return output, details
+
+
+def test_brain_voxels_are_bit_exact_and_the_face_changes(sample, remodeled):
+    head, mask = sample
+    output, details = remodeled
+    assert output.same_grid(head) and output.dtype == head.dtype
+    brain = mask.array != 0
+    assert np.array_equal(output.array[brain], head.array[brain])
+    scores = remodel_scores(head, output, mask, details["convex_hull"])
+    assert scores["brain_voxels_preserved_fraction"] == 1.0
+    assert scores["face_region_changed_fraction"] > 0.5
+    assert set(details["timings_s"]) >= {"brain_mask", "privacy_transform", "generator", "resample_back"}
+
+
+def test_same_seed_same_output_other_seed_differs(sample, tiny_weights, remodeled):
+    head, mask = sample
+    again = remodel_face(head, mask, weights=tiny_weights, device="cpu", seed=0)
+    assert np.array_equal(again.array, remodeled[0].array)
+    other = remodel_face(head, mask, weights=tiny_weights, device="cpu", seed=1)
+    brain = mask.array != 0
+    assert np.array_equal(other.array[brain], head.array[brain])
+    assert not np.array_equal(other.array, again.array)
+
+
+def test_progress_is_reported_per_stage(sample, tiny_weights):
+    head, mask = sample
+    messages = []
+    remodel_face(head, mask, weights=tiny_weights, device="cpu", seed=0,
+                 progress=lambda fraction, message: messages.append((fraction, message)))
+    fractions = [f for f, _ in messages]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    text = " ".join(m for _, m in messages)
+    for stage in ("brain mask", "privacy transform", "generator", "resampling back"):
+        assert stage in text
+
+
+@pytest.mark.skipif(not DEFAULT_WEIGHTS.is_file(), reason="shipped weights not present")
+def test_shipped_weights_keep_the_brain_and_remodel_the_face(sample):
+    head, mask = sample
+    output, details = remodel_face_with_details(head, mask, device="cpu", seed=0)
+    brain = mask.array != 0
+    assert np.array_equal(output.array[brain], head.array[brain])
+    scores = remodel_scores(head, output, mask, details["convex_hull"])
+    assert scores["face_region_changed_fraction"] > 0.5
+    assert scores["face_region_mean_abs_change"] > 0.02
+    card = json.loads(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
+    assert details["weights_sha256"] == card["sha256"]
+
+
+def test_missing_or_corrupt_weights_raise_weights_error(sample, tiny_weights, tmp_path):
+    head, mask = sample
+    with pytest.raises(WeightsError, match="not found"):
+        remodel_face(head, mask, weights=tmp_path / "none.safetensors", device="cpu")
+    corrupt = tmp_path / "corrupt.safetensors"
+    data = bytearray(tiny_weights.read_bytes())
+    data[-1] ^= 0xFF
+    corrupt.write_bytes(bytes(data))
+    corrupt.with_suffix(".json").write_text(tiny_weights.with_suffix(".json").read_text())
+    with pytest.raises(WeightsError, match="corrupt"):
+        remodel_face(head, mask, weights=corrupt, device="cpu")
+
+
+def test_cuda_out_of_memory_is_reported_and_retried_on_cpu(monkeypatch):
+    calls = []
+
+    class FakeGenerator:
+        def to(self, device):
+            return self
+
+    def fake_generate(generator, gamma, seed=0, device=None):
+        calls.append(torch.device(device).type)
+        if torch.device(device).type == "cuda":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return torch.zeros(4, 4, 4)
+
+    monkeypatch.setattr(remodel_module, "generate_on_model_grid", fake_generate)
+    messages = []
+    with pytest.warns(RuntimeWarning, match="out of memory"):
+        out = remodel_module._run_generator(FakeGenerator(), torch.zeros(3, 4, 4, 4), 0, torch.device("cuda"),
+                                            lambda f, m: messages.append(m))
+    assert calls == ["cuda", "cpu"] and out.shape == (4, 4, 4)
+    assert any("retrying on the CPU" in m for m in messages)
+
+
+def test_cli_remodel_writes_output_and_before_after(tiny_weights, tmp_path):
+    out = tmp_path / "remodeled.nii.gz"
+    png = tmp_path / "before_after.png"
+    code = main(["remodel", str(sample_head_path()), str(out), "--brain-mask", str(sample_brain_mask_path()),
+                 "--weights", str(tiny_weights), "--device", "cpu", "--seed", "0", "--quiet",
+                 "--before-after", str(png)])
+    assert code == 0 and png.is_file() and png.stat().st_size > 1000
+    written = load_volume(out)
+    head, mask = load_sample_head(), load_sample_brain_mask()
+    assert written.same_grid(head) and written.dtype == head.dtype
+    assert np.array_equal(written.array[mask.array != 0], head.array[mask.array != 0])
+
+
+def test_cli_remodel_refuses_to_overwrite_input_and_bad_weights(tiny_weights, tmp_path, capsys):
+    code = main(["remodel", str(sample_head_path()), str(sample_head_path()), "--weights", str(tiny_weights),
+                 "--quiet"])
+    assert code == 2
+    out = tmp_path / "x.nii.gz"
+    code = main(["remodel", str(sample_head_path()), str(out), "--brain-mask", str(sample_brain_mask_path()),
+                 "--weights", str(tmp_path / "missing.safetensors"), "--device", "cpu", "--quiet"])
+    assert code == 2 and not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "not found" in err[-1]

@@ -1,0 +1,45 @@
+"""Synthetic volumes for the Slicer module tests (imported by the test files)."""
+import numpy as np
+import pytest
+
+from AnonMRILib.io.volume import Volume
+
+
+def require_slicer_core():
+    """The ``slicer`` package of slicer-core, or skip the calling test module with the reason."""
+    slicer = pytest.importorskip("slicer", reason="the Slicer tests need Kitware's slicer-core wheel "
+                                 "(pip install slicer-core; Python >= 3.10)")
+    if not hasattr(slicer, "vtkMRMLScene"):
+        pytest.skip("the installed 'slicer' package is not slicer-core (no vtkMRMLScene)", allow_module_level=True)
+    return slicer
+
+
+def rotated_affine(spacing=(1.2, 0.9, 2.5), origin=(-31.5, 12.25, 40.0), angles_deg=(20.0, -35.0, 10.0)):
+    """A voxel -> RAS affine with a non-identity direction matrix and non-unit spacing."""
+    ax, ay, az = np.deg2rad(angles_deg)
+    rx = np.array([[1, 0, 0], [0, np.cos(ax), -np.sin(ax)], [0, np.sin(ax), np.cos(ax)]])
+    ry = np.array([[np.cos(ay), 0, np.sin(ay)], [0, 1, 0], [-np.sin(ay), 0, np.cos(ay)]])
+    rz = np.array([[np.cos(az), -np.sin(az), 0], [np.sin(az), np.cos(az), 0], [0, 0, 1]])
+    affine = np.eye(4)
+    affine[:3, :3] = rz @ ry @ rx @ np.diag(spacing)
+    affine[:3, 3] = origin
+    return affine
+
+
+def synthetic_head(shape=(40, 44, 36), affine=None, seed=0):
+    """A small synthetic 'head': an ellipsoid of tissue, a brighter inner 'brain', noise; int16.
+
+    Returns (head Volume, brain mask Volume) on the same grid.
+    """
+    rng = np.random.default_rng(seed)
+    affine = np.diag([2.0, 2.0, 2.0, 1.0]) if affine is None else affine
+    i, j, k = np.meshgrid(*(np.arange(n, dtype=np.float64) for n in shape), indexing="ij")
+    center = [(n - 1) / 2 for n in shape]
+    r = np.sqrt(((i - center[0]) / (0.42 * shape[0])) ** 2 + ((j - center[1]) / (0.45 * shape[1])) ** 2
+                + ((k - center[2]) / (0.42 * shape[2])) ** 2)
+    head = (r < 1.0).astype(np.float64) * 300.0
+    brain = r < 0.65
+    head[brain] = 600.0
+    head += rng.normal(0.0, 5.0, size=shape) * (r < 1.0)
+    return (Volume(np.round(head).astype(np.int16), affine),
+            Volume(brain.astype(np.uint8), affine))

@@ -1,0 +1,145 @@
+"""Shared pieces of the lesion-model training scripts: config, DDP, checkpoints with resume.
+
+* Config: a dataclass of defaults, overridden by ``--config FILE.json`` and then by flags.
+* DDP: launched with ``torchrun --nproc_per_node N script.py ...`` the scripts see ``WORLD_SIZE``
+  and use ``torch.distributed`` (NCCL on CUDA, Gloo on CPU); each rank takes every N-th batch and
+  only rank 0 writes. A plain ``python script.py`` is world size 1.
+* Checkpoints: ``checkpoint.safetensors`` in the output folder holds the model weights
+  (``model.*``), the Adam state (``optimizer.*``) and JSON metadata (epoch, step, config,
+  optimizer hyper-parameters, loss history), written atomically; ``--resume`` continues from it.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, help="JSON file of config fields")
+    parser.add_argument("--data", type=Path, required=True, help=".npz made by Training/make_lesion_slices.py")
+    parser.add_argument("--out", type=Path, required=True, help="output folder (checkpoint, weights, card, log)")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
+    parser.add_argument("--time-budget-min", type=float, default=None,
+                        help="stop (and save) after this many minutes of wall time")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override one config field (repeatable), e.g. --set epochs=40")
+
+
+def build_config(config_class, args: argparse.Namespace):
+    """Defaults <- ``--config`` JSON <- ``--set FIELD=VALUE`` (values parsed as JSON when possible)."""
+    values: Dict[str, Any] = {}
+    if args.config is not None:
+        values.update(json.loads(Path(args.config).read_text()))
+    for item in args.set:
+        key, _, raw = item.partition("=")
+        try:
+            values[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[key] = raw
+    names = {f.name for f in dataclasses.fields(config_class)}
+    unknown = set(values) - names
+    if unknown:
+        raise SystemExit(f"unknown config field(s): {', '.join(sorted(unknown))}")
+    for f in dataclasses.fields(config_class):
+        if f.name in values and isinstance(f.default, tuple):
+            values[f.name] = tuple(values[f.name])
+    return config_class(**values)
+
+
+def setup_distributed(device_name: str) -> Tuple[int, int, "object"]:
+    """(rank, world size, torch device); initialises the process group under torchrun."""
+    import torch
+
+    from AnonMRILib.device import resolve_device
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    device = resolve_device(device_name)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return rank, world_size, device
+
+
+def wrap_ddp(model, device, world_size: int):
+    if world_size <= 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def reduce_mean(value: float, world_size: int) -> float:
+    if world_size <= 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return float(tensor.item() / world_size)
+
+
+def save_checkpoint(path: Path, model, optimizer, metadata: Dict[str, Any]) -> None:
+    """Model + Adam state + JSON metadata in one safetensors file (atomic)."""
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = optimizer.state_dict()
+    for index, entry in state["state"].items():
+        for key, value in entry.items():
+            if hasattr(value, "detach"):
+                tensors[f"optimizer.{index}.{key}"] = value.detach().cpu().contiguous().reshape(value.shape)
+    meta = dict(metadata)
+    meta["param_groups"] = state["param_groups"]
+    temporary = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(temporary), metadata={"json": json.dumps(meta)})
+    temporary.replace(path)
+
+
+def load_checkpoint(path: Path, model, optimizer, device) -> Dict[str, Any]:
+    """Restore model and optimizer from :func:`save_checkpoint`; returns its metadata."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as handle:
+        meta = json.loads(handle.metadata()["json"])
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    state: Dict[int, Dict[str, Any]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optimizer."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value.to(device) if key != "step" else value
+    optimizer.load_state_dict({"state": state, "param_groups": meta.pop("param_groups")})
+    return meta
+
+
+class WallClock:
+    """Remaining-time bookkeeping for ``--time-budget-min``."""
+
+    def __init__(self, budget_min: Optional[float]) -> None:
+        self.start = time.time()
+        self.budget_s = None if budget_min is None else 60.0 * budget_min
+
+    @property
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def out_of_time(self, margin_s: float = 0.0) -> bool:
+        return self.budget_s is not None and self.elapsed + margin_s >= self.budget_s
+
+
+def log_line(path: Path, record: Dict[str, Any]) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
