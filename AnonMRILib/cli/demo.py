@@ -7,6 +7,8 @@ The demo is a sequence of named steps (:data:`DEMO_STEPS`); each takes the share
 1. ``sample``: write the embedded sample head (1.5 mm, with face) as ``sample_head_T1w.nii.gz``;
 2. ``brain_mask``: compute its brain mask with the chosen backend -> ``brain_mask.nii.gz``;
 3. ``brain_mask_check``: Dice of that mask against the shipped ROBEX mask of the sample.
+4. ``remodel``: CP-GAN face remodeling with the shipped weights -> ``remodeled_T1w.nii.gz``,
+   ``before_after_face.png``, ``remodel_scores.json`` (brain voxels preserved, face-region change).
 Later steps (face remodeling, renderings, anonymity scores) append to :data:`DEMO_STEPS`.
 """
 import argparse
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .common import add_quiet_argument
+from .remodel import demo_step as remodel_demo_step
 
 REPORT_FILE = "demo_report.json"
 
@@ -87,6 +90,7 @@ DEMO_STEPS: List[Tuple[str, Callable[[DemoContext], None]]] = [
     ("sample", step_sample),
     ("brain_mask", step_brain_mask),
     ("brain_mask_check", step_brain_mask_check),
+    ("remodel", remodel_demo_step),
 ]
 
 

@@ -16,6 +16,8 @@ COMMAND_MODULES = (
     "remodel",
     "lesion",
     "privacy_transform",
+    "render",
+    "deface",
     "score",
     "brainmask",
     "demo",

@@ -6,8 +6,8 @@
 Heavy imports (torch, skimage, Pillow) happen inside the functions.
 """
 from .camera import VIEW_NAMES, Camera, make_camera
-from .figures import save_png, side_by_side
+from .figures import check_png_path, save_png, side_by_side
 from .raycast import RayCastResult, RenderSettings, SurfaceRenderer, ray_cast, render_face, skin_iso_level
 
-__all__ = ["VIEW_NAMES", "Camera", "make_camera", "save_png", "side_by_side", "RayCastResult",
+__all__ = ["VIEW_NAMES", "Camera", "make_camera", "check_png_path", "save_png", "side_by_side", "RayCastResult",
            "RenderSettings", "SurfaceRenderer", "ray_cast", "render_face", "skin_iso_level"]

@@ -2,7 +2,7 @@
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -72,16 +72,29 @@ def side_by_side(images: Sequence[np.ndarray], labels: Optional[Sequence[str]] =
     return canvas
 
 
+def check_png_path(path: Union[str, Path], inputs: Iterable[Union[str, Path, None]] = ()) -> Path:
+    """Validate a PNG output path before any work: .png name, existing folder, not an input file."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise InputError(f"{path}: a rendering is written as PNG; use a .png file name")
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, expected a .png file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{parent}: output folder does not exist")
+    for source in inputs:
+        if source is not None and Path(source).exists() and path.exists() and \
+                os.path.samefile(str(path), str(source)):
+            raise InputError(f"{path}: refusing to overwrite an input; choose another output path")
+    return path
+
+
 def save_png(image: np.ndarray, path: Union[str, Path]) -> Path:
     """Write a 2-D grey image (float in [0, 1] or uint8) as an 8-bit PNG, atomically."""
     from PIL import Image
 
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise InputError(f"{path}: a rendering is written as PNG; use a .png file name")
+    path = check_png_path(path)
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{parent}: output folder does not exist")
     pixels = np.round(_as_unit_float(image) * 255.0).astype(np.uint8)
     handle, temporary = tempfile.mkstemp(prefix=".tmp_", suffix=".png", dir=str(parent))
     os.close(handle)

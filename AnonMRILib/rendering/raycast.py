@@ -15,8 +15,10 @@ What a volume renderer's "skin" preset shows, computed the direct way:
    the first occupied coarse sample, a window of fine samples (step ``step_mm``, default half the
    smallest voxel size) is taken with trilinear interpolation (``grid_sample``); the first sample at
    or above the iso-level is found with ``argmax`` and the crossing refined linearly between it and
-   the sample before. Rays without a hit in the window resume the coarse march after it. The result
-   equals a plain fine march: skipped stretches provably hold no value at the iso-level.
+   the sample before. Fine samples lie on each ray's lattice ``t_enter + n * step_mm`` and rays
+   without a hit in the window resume the coarse march after it, so the result equals a plain
+   fine march (skipped stretches provably hold no value at the iso-level) whatever the block size
+   or the voxel order.
 3. **Iso-level** (when not given): the project's head threshold,
    :func:`AnonMRILib.transforms.head_mask.head_threshold` with the ``"otsu"`` rule: Otsu's
    air/tissue threshold moved halfway towards the background level (the image's median). The
@@ -108,11 +110,16 @@ class SurfaceRenderer:
         self.device = _resolve_device(device)
         self.block = max(1, int(self.settings.block_voxels))
         data = torch.as_tensor(np.ascontiguousarray(volume.array, dtype=np.float32), device=self.device)
+        # samples outside the grid read the image's minimum (zero padding of the shifted field), so
+        # a head cut by the grid gets a closed cap and a*x+b renders like x
+        self._offset = float(data.min())
+        data = data - self._offset
+        self._field_iso = self.iso_level - self._offset
         self._field = data[None, None]                                    # (1, 1, I, J, K)
         # Occupancy of blocks of `block` voxels: a block is occupied when a voxel within one voxel of
         # it reaches the iso-level (so every trilinear sample >= iso inside it is seen), dilated by
         # one block so that coarse samples one block apart never step over an occupied block.
-        above = (data >= self.iso_level).to(torch.float32)[None, None]
+        above = (data >= self._field_iso).to(torch.float32)[None, None]
         occupied = F.max_pool3d(above, kernel_size=self.block + 2, stride=self.block, padding=1,
                                 ceil_mode=True)
         occupied = F.max_pool3d(occupied, kernel_size=3, stride=1, padding=1)
@@ -121,7 +128,8 @@ class SurfaceRenderer:
 
     # -- sampling ---------------------------------------------------------------------------------
     def _sample(self, points_xyz: "torch.Tensor") -> "torch.Tensor":
-        """Trilinear values at (..., 3) grid_sample-normalised (x=k, y=j, z=i) points; 0 outside."""
+        """Trilinear values (minus the image minimum) at (..., 3) grid_sample-normalised (x=k, y=j,
+        z=i) points; 0 (= the image minimum) outside the grid."""
         import torch.nn.functional as F
 
         grid = points_xyz.reshape(1, 1, 1, -1, 3)
@@ -185,7 +193,8 @@ class SurfaceRenderer:
         a_xyz = torch.as_tensor(a @ to_xyz.T - 1.0, dtype=dtype, device=device)
         b_xyz = torch.as_tensor(to_xyz @ b, dtype=dtype, device=device)
         exit_ = torch.as_tensor(t_exit, dtype=dtype, device=device)
-        t_current = torch.as_tensor(t_enter, dtype=dtype, device=device)
+        enter = torch.as_tensor(t_enter, dtype=dtype, device=device)
+        t_current = enter.clone()
         t_hit = torch.full((size * size,), float("nan"), dtype=dtype, device=device)
         active = torch.nonzero(exit_ >= t_current).flatten()
 
@@ -213,12 +222,15 @@ class SurfaceRenderer:
             active, t_start = active[has_block], found[has_block]
             if active.numel() == 0:
                 break
-            # 2. fine: a window of trilinear samples from one step before the occupied sample
-            t = t_start[:, None] + fine_offsets[None, :]
-            t = torch.maximum(t, t_current[active, None].clamp(max=t_start[:, None]) - fine_step)
+            # 2. fine: a window of trilinear samples from one step before the occupied sample, on
+            #    the ray's lattice enter + n * fine_step (so the samples, hence the result, do not
+            #    depend on the block grid, i.e. on the voxel order)
+            lattice = torch.floor((t_start - enter[active]) / fine_step)
+            t = enter[active, None] + (lattice[:, None] + fine_offsets[None, :] / fine_step) * fine_step
+            t = torch.maximum(t, enter[active, None])
             valid = t <= exit_[active, None]
             values = self._sample(a_xyz[active, None, :] + t[..., None] * b_xyz)
-            above = (values >= self.iso_level) & valid
+            above = (values >= self._field_iso) & valid
             hit = above.any(dim=1)
             first = above.to(torch.uint8).argmax(dim=1)
             if bool(hit.any()):
@@ -226,7 +238,7 @@ class SurfaceRenderer:
                 v_k = values[hit, k]
                 v_before = values[hit, (k - 1).clamp(min=0)]
                 fraction = torch.where((k > 0) & (v_k > v_before),
-                                       (v_k - self.iso_level) / (v_k - v_before).clamp(min=1e-12),
+                                       (v_k - self._field_iso) / (v_k - v_before).clamp(min=1e-12),
                                        torch.zeros_like(v_k)).clamp(0.0, 1.0)
                 t_hit[active[hit]] = t[hit, k] - fraction * fine_step
             # rays without a hit continue the coarse march after the window

@@ -30,7 +30,7 @@ Choices common to both (the paper gives none):
   isotropic: the model grid is; a native 1 mm head is). The rotated lattice is large enough to
   hold the head's bounding box under any rotation, so nothing is cut off.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 

@@ -9,7 +9,7 @@ import pytest
 from AnonMRILib.cli.main import main
 from AnonMRILib.io import save_volume
 
-from conftest import synthetic_head
+from synthetic_volumes import synthetic_head
 
 #: command -> argument list builder (input, output, extra options); output is a file path
 IMAGE_COMMANDS = {

