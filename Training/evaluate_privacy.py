@@ -93,7 +93,7 @@ class EvaluationConfig:
     field_of_view_mm: float = 256.0
     render_grid_size: int = 128
     render_size: int = 64
-    blur_sigma_px: float = 2.0
+    blur_sigma_px: float = 1.5
     # DEFACE's template registration spacing (the method's default is 2 mm; 4 mm is ~7x faster)
     deface_registration_spacing_mm: float = 4.0
     # attacker
@@ -107,6 +107,7 @@ class EvaluationConfig:
     margin: float = 5.0
     max_shift_px: int = 3
     intensity_jitter: float = 0.1
+    hard_negatives: bool = True
     # studies
     n_splits: int = 5
     test_fraction: float = 0.2
@@ -127,6 +128,7 @@ class EvaluationConfig:
     @classmethod
     def from_dict(cls, values: Dict) -> "EvaluationConfig":
         names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if not k.startswith("_")}  # "_comment" etc.
         unknown = sorted(set(values) - names)
         if unknown:
             raise InputError(f"unknown configuration keys: {', '.join(unknown)}")
@@ -217,6 +219,32 @@ def load_heads(config: EvaluationConfig) -> List:
 
 
 # --- anonymization and renderings ---------------------------------------------------------------
+def export_checkpoint_generator(checkpoint: Path, cache_index: Path, out_path: Path) -> Path:
+    """Write the EMA generator of a ``Training/train_cpgan.py`` checkpoint as weights + model card.
+
+    For evaluating CP-GAN while it is still training: the checkpoint holds ``ema/...`` tensors and
+    its config; the privacy-transform settings come from the training cache's ``index.json``.
+    """
+    from safetensors.torch import load_file
+
+    from AnonMRILib.models.cpgan import CPGANConfig, CPGANGenerator
+    from AnonMRILib.models.cpgan_weights import save_generator
+
+    scalars = json.loads(checkpoint.with_suffix(".json").read_text())
+    index = json.loads(cache_index.read_text())
+    tensors = load_file(str(checkpoint))
+    generator = CPGANGenerator(CPGANConfig.from_dict(scalars["config"]["model"]))
+    generator.load_state_dict({k[len("ema/"):]: v for k, v in tensors.items() if k.startswith("ema/")})
+    card = {"privacy_transform": index["privacy"],
+            "training": {"steps": int(scalars["step"]), "training_seconds": float(scalars["elapsed_s"]),
+                         "note": "EMA generator exported from an intermediate training checkpoint"},
+            "data": {"heads": index.get("heads"), "population": index.get("population"),
+                     "held_out_heads": index.get("held_out_heads")}}
+    save_generator(out_path, generator, card)
+    _log(f"CP-GAN: exported the EMA generator of step {scalars['step']} from {checkpoint} to {out_path}")
+    return out_path
+
+
 class Anonymizers:
     """Applies the volume methods; CP-GAN only when its weights exist."""
 
@@ -331,7 +359,7 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
 
                 tissue_config = TissueSegmentationConfig(brain_mask_backend=config.brain_mask_backend)
                 if original_labels is None:
-                    original_labels = segment_tissues(scan.volume, tissue_config)
+                    original_labels = _original_labels(scan, tissue_config, cache_dir, cache_key)
                 labels = segment_tissues(anonymized, tissue_config)
                 result = tissue_agreement(original_labels, labels)
                 result["_method"] = anonymizers.fingerprint(method)
@@ -355,6 +383,23 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
     return renderings, (tissue if do_tissue else None)
 
 
+def _original_labels(scan, tissue_config, cache_dir: Path, cache_key: str) -> Volume:
+    """The ORIGINAL scan's tissue labels, cached (uint8, on the scan's grid)."""
+    from AnonMRILib.evaluation.tissue_segmentation import segment_tissues
+
+    path = cache_dir / "tissue" / f"{scan.scan_id}_original_labels.npz"
+    if path.is_file():
+        with np.load(path) as stored:
+            if str(stored["key"]) == cache_key:
+                return scan.volume.with_array(stored["labels"])
+    labels = segment_tissues(scan.volume, tissue_config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez_compressed(tmp, labels=labels.array, key=np.array(cache_key))
+    tmp.replace(path)
+    return labels
+
+
 # --- attacks ------------------------------------------------------------------------------------
 def _model_config(config: EvaluationConfig):
     from AnonMRILib.models.reidentification import SiameseConfig
@@ -370,7 +415,7 @@ def _training_config(config: EvaluationConfig, split_index: int):
     return AttackerTrainingConfig(steps=config.training_steps, batch_size=config.training_batch_size,
                                   learning_rate=config.learning_rate, margin=config.margin,
                                   max_shift_px=config.max_shift_px, intensity_jitter=config.intensity_jitter,
-                                  seed=config.seed + 1000 * split_index)
+                                  hard_negatives=config.hard_negatives, seed=config.seed + 1000 * split_index)
 
 
 def train_or_load_attacker(split_index: int, renderings: np.ndarray, subjects: np.ndarray,
@@ -408,7 +453,8 @@ def run_attacks(records: List[Dict], renderings: Dict[str, np.ndarray], methods:
                                                         patient_splits, retrieval_ranks, top_alpha_curve)
 
     subjects = np.array([r["subject"] for r in records])
-    splits = patient_splits(subjects, config.n_splits, config.test_fraction, seed=config.seed)
+    splits = patient_splits(subjects, config.n_splits, config.test_fraction, seed=config.seed,
+                            min_test_subjects=config.n_options)
     alphas = np.linspace(0.0, 1.0, config.alpha_points)
     trials = {m: [] for m in methods}
     per_split_rate = {m: [] for m in methods}
@@ -650,7 +696,7 @@ def summarise_tissue(tissue_results: List[Dict], methods: Sequence[str], backend
 
 # --- main ---------------------------------------------------------------------------------------
 def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attacker: Optional[Path] = None,
-             save_reference: Optional[Path] = None, reference_count: int = 24, grid_rows: int = 4) -> Dict:
+             save_reference: Optional[Path] = None, reference_count: int = 16, grid_rows: int = 4) -> Dict:
     from AnonMRILib.datasets.population import PopulationConfig, generate_population
     from AnonMRILib.rendering import save_png
 
@@ -673,8 +719,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
     # a scan depends on (seed, head, subject index, scan index), not on how many subjects there are
     population_values = {k: v for k, v in population_config.to_dict().items() if k != "subjects_per_head"}
     population_key = _fingerprint([CACHE_VERSION, head_keys, population_values,
-                                   asdict(_rendering_config(config)), config.blur_sigma_px,
-                                   config.brain_mask_backend])
+                                   asdict(_rendering_config(config)), config.brain_mask_backend])
     subject_ids = sorted({f"{h.name}-s{i:04d}" for h in heads for i in range(config.subjects_per_head)})
     tissue_rng = np.random.default_rng(config.seed)
     tissue_subjects = set(tissue_rng.choice(subject_ids, size=min(config.tissue_scans, len(subject_ids)),
@@ -729,15 +774,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
             "produced_by": "Training/evaluate_privacy.py"})
         _log(f"attacker weights written to {save_attacker}")
     if save_reference is not None:
-        subjects = np.array([r["subject"] for r in records])
-        chosen = [int(np.flatnonzero(subjects == s)[0]) for s in test_subjects][:reference_count]
-        save_reference.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(save_reference,
-                            renderings=np.round(renderings["ORIGINAL"][chosen] * 255).astype(np.uint8),
-                            scan_ids=np.array([records[i]["scan"] for i in chosen]),
-                            field_of_view_mm=np.float64(config.field_of_view_mm),
-                            grid_size=np.int64(config.render_grid_size), view=np.array("anterior"))
-        _log(f"{len(chosen)} reference renderings written to {save_reference}")
+        write_reference_faces(heads, population_config, config, reference_count, save_reference)
 
     result = {
         "identification_rate": identification,
@@ -758,6 +795,36 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
     (out_dir / "report.md").write_text(_markdown_report(result))
     _log(f"report written to {out_dir} in {result['wall_time_s'] / 60:.1f} min")
     return result
+
+
+#: subject indices of the reference heads start here, far from the studied subjects 0, 1, ...
+REFERENCE_SUBJECT_OFFSET = 1000
+
+
+def write_reference_faces(heads: Sequence, population_config, config: EvaluationConfig, count: int,
+                          path: Path) -> Path:
+    """ORIGINAL renderings of ``count`` extra subjects (scan 0), spread over the heads, as uint8 .npz.
+
+    Their subject indices start at :data:`REFERENCE_SUBJECT_OFFSET`, so neither the attacker nor the
+    study ever saw them (nor did CP-GAN, trained on other seeds / indices).
+    """
+    from AnonMRILib.datasets.population import generate_scan, subject_variation
+    from AnonMRILib.evaluation.face_renderings import head_centre, render_canonical_face
+
+    render_config = _rendering_config(config)
+    images, ids = [], []
+    for number in range(count):
+        head = heads[number % len(heads)]
+        index = REFERENCE_SUBJECT_OFFSET + number // len(heads)
+        scan = generate_scan(head, index, 0, population_config, subject_variation(head, index, population_config))
+        images.append(render_canonical_face(scan.volume, head_centre(scan.volume), render_config))
+        ids.append(scan.scan_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, renderings=np.round(np.stack(images) * 255).astype(np.uint8), scan_ids=np.array(ids),
+                        field_of_view_mm=np.float64(config.field_of_view_mm),
+                        grid_size=np.int64(config.render_grid_size), view=np.array("anterior"))
+    _log(f"{count} reference renderings written to {path}")
+    return path
 
 
 def _machine() -> str:
@@ -781,6 +848,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="attacker training steps per split")
     parser.add_argument("--tissue-scans", type=int, default=None, help="scans in the brain-analysis agreement")
     parser.add_argument("--cpgan-weights", default=None, help="CP-GAN safetensors (default: the shipped s64)")
+    parser.add_argument("--cpgan-checkpoint", type=Path, default=None,
+                        help="instead of weights: a train_cpgan.py checkpoint.safetensors (its EMA generator is "
+                             "exported into the work folder); needs --cpgan-cache-index")
+    parser.add_argument("--cpgan-cache-index", type=Path, default=None,
+                        help="the training cache's index.json (privacy-transform settings of the checkpoint)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     parser.add_argument("--save-attacker", type=Path, default=None, help="write split 0's attacker here")
     parser.add_argument("--save-reference", type=Path, default=None,
@@ -800,6 +872,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             setattr(config, name, value)
     work = args.work or args.out.parent / ".privacy_work"
     try:
+        if args.cpgan_checkpoint is not None:
+            if args.cpgan_cache_index is None:
+                raise InputError("--cpgan-checkpoint needs --cpgan-cache-index")
+            work.mkdir(parents=True, exist_ok=True)
+            exported = export_checkpoint_generator(args.cpgan_checkpoint, args.cpgan_cache_index,
+                                                   work / "cpgan_checkpoint_generator.safetensors")
+            config.cpgan_weights = str(exported)
         evaluate(config, args.out, work, args.save_attacker, args.save_reference)
     except AnonMRIError as error:
         print(f"evaluate_privacy: error: {error}", file=sys.stderr)

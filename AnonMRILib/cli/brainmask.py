@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import add_input_argument, add_quiet_argument, add_series_uid_argument, load_input
+from .common import (add_device_argument, add_input_argument, add_quiet_argument, add_series_uid_argument,
+                     load_input)
 
 
 def add_parser(subparsers) -> None:
@@ -22,6 +23,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("output", type=Path, help="output mask (.nii.gz, .nrrd, .mha, ...)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help=f"brain-extraction method (default: auto = {DEFAULT_BACKEND})")
+    add_device_argument(parser)
     add_series_uid_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_path(args.output, inputs=[args.input])
     volume = load_input(args)
     with TqdmProgress("brain mask", disable=args.quiet) as progress:
-        mask = brain_mask(volume, backend=args.backend, progress=progress)
+        mask = brain_mask(volume, backend=args.backend, progress=progress, device=args.device)
     save_volume(mask, args.output, like=np.uint8, protect=[args.input])
     if not args.quiet:
         volume_ml = float(mask.array.sum()) * float(np.prod(volume.spacing)) / 1000.0

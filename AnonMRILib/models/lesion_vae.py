@@ -39,7 +39,7 @@ without saying how either term is normalised; with per-element means a weight of
 posterior on images in [0, 1], so ``kl_weight`` (default 1e-3) is a documented choice.
 ``alpha_v`` follows eq. 14: 16, halved every 10 epochs, never below 1 (:func:`alpha_v_schedule`).
 """
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Dict, Tuple
 
 import torch

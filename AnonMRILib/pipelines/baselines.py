@@ -76,7 +76,7 @@ def deface(volume: Volume, method: str, brain_mask: Optional[Volume] = None,
     Returns a new Volume on ``volume``'s grid and dtype; brain voxels bit-exact (checked).
     """
     from ..transforms.brain_mask import resolve_brain_mask
-    from ..transforms.brain_preservation import compose_preserving
+    from ..transforms.brain_preservation import check_brain_preserved, compose_preserving
 
     if method not in REMOVAL_METHODS:
         raise InputError(f"unknown removal method {method!r}; choose one of {', '.join(REMOVAL_METHODS)}")
@@ -89,5 +89,6 @@ def deface(volume: Volume, method: str, brain_mask: Optional[Volume] = None,
                              progress=sub_progress(progress, 0.3, 0.95))
     report(progress, 0.95, f"{method}: checking the brain voxels")
     output = compose_preserving(volume, volume.with_array(changed), brain_volume)
+    check_brain_preserved(volume, output, brain_volume)      # the invariant, checked on what is returned
     report(progress, 1.0, f"{method}: done")
     return output

@@ -100,6 +100,9 @@ def save_png(image: np.ndarray, path: Union[str, Path]) -> Path:
     os.close(handle)
     try:
         Image.fromarray(pixels).save(temporary, format="PNG", optimize=True)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)             # mkstemp's 0600 -> the usual file mode
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):

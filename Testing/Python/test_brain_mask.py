@@ -112,7 +112,7 @@ def test_empty_user_mask_is_refused(head, reference):
 
 def test_empty_computed_mask_is_refused(head, monkeypatch):
     monkeypatch.setitem(brain_mask_module._IMPLEMENTATIONS, "deepbet",
-                        lambda volume, progress: np.zeros(volume.shape, bool))
+                        lambda volume, progress, device: np.zeros(volume.shape, bool))
     with pytest.raises(InputError, match="empty"):
         brain_mask(head)
 

@@ -338,9 +338,9 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(brain_mask_module, "brain_mask", threshold_brain)
     config = script.EvaluationConfig(
         heads=[f"sample={sample_head_path()}:{sample_brain_mask_path()}"],
-        methods=["ORIGINAL", "BLURRED", "QUICKSHEAR", "CP-GAN", "BLACK", "SKULLSTRIP"],
+        methods=["ORIGINAL", "BLURRED", "QUICKSHEAR", "CP-GAN", "BLACK"],
         cpgan_weights=str(tmp_path / "no_such_weights.safetensors"),
-        subjects_per_head=7, working_spacing_mm=6.0, render_grid_size=32, render_size=32, blur_sigma_px=1.0,
+        subjects_per_head=5, n_options=3, working_spacing_mm=6.0, render_grid_size=32, render_size=32, blur_sigma_px=1.0,
         attacker_image_size=32, attacker_channels=[4, 8], attacker_embedding_dim=8, training_steps=4,
         training_batch_size=4, n_splits=2, identification_repeats=2, bootstrap_resamples=50, tissue_scans=1,
         alpha_points=11)
@@ -350,13 +350,13 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     if not (REPO_ROOT / "AnonMRILib" / "weights" / "cpgan_s64.safetensors").is_file():
         assert "CP-GAN" not in result["identification_rate"] and "CP-GAN left out" in result["notes"][0]
     methods = [m for m in config.methods if m in result["identification_rate"]]
-    assert {"ORIGINAL", "BLURRED", "QUICKSHEAR", "BLACK", "SKULLSTRIP"} <= set(methods)
+    assert {"ORIGINAL", "BLURRED", "QUICKSHEAR", "BLACK"} <= set(methods)
     for method in methods:
         rate = result["identification_rate"][method]
         assert 0.0 <= rate["mean"] <= 1.0 and rate["sd"] >= 0.0 and len(rate["per_split"]) == 2
         band = result["retrieval"]["curves"][method]
         assert len(band["mean"]) == 11 and band["mean"][-1] == 1.0
-    assert result["brain_agreement"]["n_scans"] == 1 and len(calls) == 1 + 2  # original + 2 volume methods
+    assert result["brain_agreement"]["n_scans"] == 1 and len(calls) == 1 + 1  # original + QUICKSHEAR
     agreement = result["brain_agreement"]["methods"]
     assert agreement["QUICKSHEAR"]["BRAIN"]["dice"] > 0.5 and agreement["ORIGINAL"]["GREY"]["dice"] == 1.0
     saved = json.loads((out / "privacy.json").read_text())

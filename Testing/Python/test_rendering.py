@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from AnonMRILib.errors import InputError
-from AnonMRILib.io import Volume, load_volume
+from AnonMRILib.io import Volume
 from AnonMRILib.rendering import (VIEW_NAMES, RenderSettings, check_png_path, make_camera, ray_cast,
                                   render_face, save_png, side_by_side, skin_iso_level)
 from AnonMRILib.rendering.raycast import SurfaceRenderer

@@ -49,13 +49,12 @@ def test_brain_is_brighter_than_background_inside_the_mask(head, mask):
 
 def test_the_face_is_there(head, mask):
     """Bright tissue well in front of the brain (the face) proves the sample was not defaced."""
-    world = head.world_coordinates(np.argwhere(np.ones(head.shape, bool)))
     brain_world = head.world_coordinates(np.argwhere(mask.array > 0))
     front = brain_world[:, 1].max()  # most anterior brain point (RAS: +y is anterior)
     bottom = brain_world[:, 2].min()
     threshold = np.percentile(head.array[mask.array > 0], 50) * 0.3
-    tissue = head.array.reshape(-1) > threshold
-    in_front = tissue & (world[:, 1] > front + 10) & (world[:, 2] > bottom)
+    tissue = head.world_coordinates(np.argwhere(head.array > threshold))
+    in_front = (tissue[:, 1] > front + 10) & (tissue[:, 2] > bottom)
     face_ml = in_front.sum() * np.prod(head.spacing) / 1000
     assert face_ml > 20, f"only {face_ml:.1f} mL of tissue in front of the brain"
 
