@@ -24,6 +24,7 @@ _EXPORTS = {
     "anonymize_lesions": "AnonMRILib.pipelines.lesion",
     "deface": "AnonMRILib.pipelines.baselines",
     "render_face": "AnonMRILib.rendering",
+    "scan_scores": "AnonMRILib.evaluation.scores",
     "AnonMRIError": "AnonMRILib.errors",
     "InputError": "AnonMRILib.errors",
 }

@@ -36,12 +36,14 @@ class TqdmProgress:
     def __init__(self, description: str = "", disable: bool = False) -> None:
         from tqdm import tqdm
 
+        self._description = description
         self._bar = tqdm(total=1000, desc=description, disable=disable, leave=False,
-                         bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
+                         bar_format="{percentage:3.0f}%|{bar}| {desc}")
 
     def __call__(self, fraction: float, message: str) -> None:
         self._bar.n = int(round(1000 * fraction))
-        self._bar.set_postfix_str(message, refresh=False)
+        label = f"{self._description}: {message}" if self._description else message
+        self._bar.set_description_str(label, refresh=False)
         self._bar.refresh()
 
     def __enter__(self) -> "TqdmProgress":

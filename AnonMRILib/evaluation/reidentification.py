@@ -122,6 +122,7 @@ def train_attacker(renderings: np.ndarray, subject_ids: Sequence, model_config=N
         for _ in range(training.batch_size):
             subject = eligible[rng.integers(len(eligible))]
             a, p = rng.choice(by_subject[subject], size=2, replace=False)
+            # uniform over the other subjects: draw among the first n-1, the anchor's slot maps to the last
             other = subject_list[rng.integers(len(subject_list) - 1)]
             if other == subject:
                 other = subject_list[-1]

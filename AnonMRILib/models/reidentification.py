@@ -83,6 +83,8 @@ class SiameseNetwork:
         self.config = config or SiameseConfig()
         self.device = resolve_device(device)
         self.module = (module if module is not None else build_embedding_network(self.config)).to(self.device)
+        #: the model card when loaded from weights (:meth:`load`), else empty
+        self.card: Dict[str, Any] = {}
 
     def prepare(self, renderings: np.ndarray):
         """(N, H, W) or (H, W) renderings in [0, 1] -> float tensor (N, 1, s, s) on the device.

@@ -226,3 +226,13 @@ def test_cli_deface_refuses_to_overwrite_its_input_and_unknown_methods(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         main(["deface", str(copy), str(tmp_path / "o.nii.gz"), "--method", "scramble"])
     assert exit_info.value.code == 2
+
+
+def test_deface_registration_is_reproducible_for_a_seed(sample):
+    from AnonMRILib.pipelines.removal.template_deface import DefaceConfig, template_face_mask
+
+    head, _ = sample
+    quick = DefaceConfig(iterations=15, shrink_factors=(4,), smoothing_sigmas=(2.0,), sampling_fraction=0.02)
+    first = template_face_mask(head, quick, seed=0)
+    again = template_face_mask(head, quick, seed=0)
+    assert first.any() and np.array_equal(first, again)

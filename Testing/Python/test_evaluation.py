@@ -204,9 +204,9 @@ def test_canonical_rendering_is_framed_by_physical_size(sample):
     image = render_canonical_face(head, centre, config)
     assert image.shape == (48, 48) and image.dtype == np.float32 and 0.1 < (image > 0).mean() < 0.9
     # the same head on a grid twice as fine renders the same face
-    fine = Volume(np.repeat(head.array, 2, axis=0), head.affine @ np.diag([0.5, 1, 1, 1]))
-    fine = Volume(fine.array, fine.affine.copy())
-    fine.affine[:3, 3] -= 0.25 * head.affine[:3, 0]
+    fine_affine = head.affine @ np.diag([0.5, 1, 1, 1])
+    fine_affine[:3, 3] -= 0.25 * head.affine[:3, 0]  # voxel i' sits at old index i'/2 - 1/4
+    fine = Volume(np.repeat(head.array, 2, axis=0), fine_affine)
     other = render_canonical_face(fine, centre, config)
     assert np.mean(np.abs(other - image)) < 0.05
     black = render_canonical_face(head.with_array(np.zeros(head.shape, np.int16)), centre, config)
