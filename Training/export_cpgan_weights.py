@@ -29,8 +29,12 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 
-def load_run_generator(run: Path):
-    """(EMA generator, run card or {}, source description) of a training run."""
+def load_run_generator(run: Path, cache: Optional[Path] = None):
+    """(EMA generator, run card or {}, source description) of a training run.
+
+    From a checkpoint, the card's data section is read from the run's cache ``index.json``
+    (``cache``) and its training section from the checkpoint and ``log.jsonl``.
+    """
     from safetensors.torch import load_file
 
     from AnonMRILib.models.cpgan import CPGANConfig, CPGANGenerator
@@ -47,9 +51,22 @@ def load_run_generator(run: Path):
     tensors = load_file(str(checkpoint))
     generator.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("ema/")})
     generator.eval()
+    train_config = scalars["config"]
     card = {"training": {"steps": scalars["step"], "training_seconds": round(scalars["elapsed_s"], 1),
-                         "note": "exported from an intermediate checkpoint"},
-            "privacy_transform": dict(scalars["config"].get("privacy") or {}, size=config.size)}
+                         "batch_size_per_process": train_config["batch_size"], "processes": 1,
+                         "learning_rate": train_config["learning_rate"], "betas": list(train_config["betas"]),
+                         "optimizer": "AdamP", "loss": "relativistic non-averaging LSGAN",
+                         "reconstruction_weight": train_config["reconstruction_weight"],
+                         "ema_decay": train_config["ema_decay"],
+                         "note": "EMA generator of the last checkpoint (training stopped at the checkpoint)"},
+            "privacy_transform": dict(train_config.get("privacy") or {}, size=config.size)}
+    if cache is not None and (cache / "index.json").is_file():
+        index = json.loads((cache / "index.json").read_text(encoding="utf-8"))
+        card["privacy_transform"] = index["privacy"]
+        card["data"] = {"heads": index["heads"], "held_out_heads": index["held_out_heads"],
+                        "population": index["population"], "scans": len(index["scans"]),
+                        "subjects": len({(e["head"], e["subject"]) for e in index["scans"]}),
+                        "working_spacing_mm": index["working_spacing_mm"]}
     return generator, card, f"EMA generator of checkpoint step {scalars['step']}"
 
 
@@ -72,6 +89,7 @@ def render_pair(volume, output, path: Path, labels: Sequence[str]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="training output folder")
+    parser.add_argument("--cache", type=Path, default=None, help="the run's (gamma, x) cache (for the card)")
     parser.add_argument("--dest", type=Path, default=None,
                         help="weights file to write (default AnonMRILib/weights/cpgan_s<S>.safetensors)")
     parser.add_argument("--docs", type=Path, default=REPO_ROOT / "docs" / "cpgan", help="folder for the PNGs")
@@ -89,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from AnonMRILib.pipelines.remodel import remodel_face_with_details, remodel_scores
     from AnonMRILib.transforms.brain_mask import resolve_brain_mask
 
-    generator, run_card, source = load_run_generator(args.run)
+    generator, run_card, source = load_run_generator(args.run, args.cache)
     size = generator.config.size
     dest = args.dest or REPO_ROOT / "AnonMRILib" / "weights" / f"cpgan_s{size}.safetensors"
     card: Dict[str, Any] = {k: v for k, v in run_card.items() if k not in ("sha256", "weights_file", "model", "config")}

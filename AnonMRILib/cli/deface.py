@@ -2,7 +2,7 @@
 
 Methods: quickshear, facemask, deface, skullstrip, blur, black (see
 :mod:`AnonMRILib.pipelines.baselines`). Writes OUT (the input's grid and voxel type, scrubbed
-header) and a before/after anterior rendering side by side, by default next to OUT as
+header) and a before/after anterior rendering side by side (both at the original's skin level), by default next to OUT as
 ``<stem>_before_after.png``. Both paths are checked before any work; nothing is written unless
 the brain voxels were verified unchanged.
 """
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from AnonMRILib.io import check_output_path, save_volume
     from AnonMRILib.pipelines.baselines import deface
     from AnonMRILib.progress import TqdmProgress
-    from AnonMRILib.rendering import check_png_path, render_face, save_png, side_by_side
+    from AnonMRILib.rendering import check_png_path, render_face, save_png, side_by_side, skin_iso_level
 
     inputs = [args.input, args.brain_mask]
     check_output_path(args.output, inputs)
@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     save_volume(defaced, args.output, like=volume, protect=inputs)
     print(f"wrote {args.output}")
     if figure_path is not None:
-        figure = side_by_side([render_face(volume), render_face(defaced)], ["original", args.method])
+        iso_level = skin_iso_level(volume)     # the original's skin level for both panels
+        figure = side_by_side([render_face(volume, iso_level=iso_level), render_face(defaced, iso_level=iso_level)],
+                              ["original", args.method])
         save_png(figure, figure_path)
         print(f"wrote {figure_path}")
     return 0

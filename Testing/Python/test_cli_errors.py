@@ -11,12 +11,20 @@ from AnonMRILib.io import save_volume
 
 from synthetic_volumes import synthetic_head
 
-#: command -> argument list builder (input, output, extra options); output is a file path
+#: command -> (argument list builder (input, output), output suffix)
 IMAGE_COMMANDS = {
-    "brainmask": lambda src, out: ["brainmask", str(src), str(out)],
+    "brainmask": (lambda src, out: ["brainmask", str(src), str(out)], ".nii.gz"),
+    "deface": (lambda src, out: ["deface", str(src), str(out), "--method", "black"], ".nii.gz"),
+    "render": (lambda src, out: ["render", str(src), str(out)], ".png"),
 }
 #: commands that accept --brain-mask
-MASK_COMMANDS = {}
+MASK_COMMANDS = {name: IMAGE_COMMANDS[name] for name in ("deface",)}
+
+
+def command_line(table, command, source, out_dir):
+    build, suffix = table[command]
+    out = out_dir / f"out_{command}{suffix}"
+    return build(source, out), out
 
 
 def bad_inputs(tmp_path):
@@ -46,8 +54,8 @@ def bad_inputs(tmp_path):
 @pytest.mark.parametrize("command", sorted(IMAGE_COMMANDS))
 def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, command):
     for label, (source, message) in bad_inputs(tmp_path).items():
-        out = tmp_path / f"out_{command}.nii.gz"
-        status = main(IMAGE_COMMANDS[command](source, out))
+        argv, out = command_line(IMAGE_COMMANDS, command, source, tmp_path)
+        status = main(argv)
         captured = capsys.readouterr()
         lines = [line for line in captured.err.splitlines() if line.strip()]
         assert status == 2, label
@@ -56,11 +64,13 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, command):
         assert not out.exists(), label
 
 
-@pytest.mark.parametrize("command", sorted(IMAGE_COMMANDS))
+@pytest.mark.parametrize("command", sorted(c for c in IMAGE_COMMANDS if IMAGE_COMMANDS[c][1] == ".nii.gz"))
 def test_output_equal_to_input_is_refused_and_input_untouched(tmp_path, capsys, command):
     source = save_volume(synthetic_head(), tmp_path / "head.nii.gz")
     before = source.read_bytes()
-    assert main(IMAGE_COMMANDS[command](source, source)) == 2
+    argv, _ = command_line(IMAGE_COMMANDS, command, source, tmp_path)
+    argv[argv.index(str(tmp_path / f"out_{command}{IMAGE_COMMANDS[command][1]}"))] = str(source)
+    assert main(argv) == 2
     assert "overwrite the input" in capsys.readouterr().err
     assert source.read_bytes() == before
 
@@ -71,9 +81,10 @@ def test_mask_on_another_grid_is_refused(tmp_path, capsys, command):
     source = save_volume(head, tmp_path / "head.nii.gz")
     other = synthetic_head(shape=(30, 30, 30))
     mask = save_volume(other.with_array((other.array > 450).astype(np.uint8)), tmp_path / "mask.nii.gz")
-    out = tmp_path / "out.nii.gz"
-    assert main(MASK_COMMANDS[command](source, out) + ["--brain-mask", str(mask)]) == 2
-    assert "grid" in capsys.readouterr().err or "shape" in capsys.readouterr().err
+    argv, out = command_line(MASK_COMMANDS, command, source, tmp_path)
+    assert main(argv + ["--brain-mask", str(mask)]) == 2
+    error = capsys.readouterr().err
+    assert "grid" in error or "shape" in error
     assert not out.exists()
 
 
