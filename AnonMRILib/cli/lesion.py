@@ -35,6 +35,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0): same seed, same output")
     parser.add_argument("--allow-empty-lesion", action="store_true",
                         help="accept a mask without lesion (every slice is then remodeled)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's choice; 1 is often fastest on a busy machine)")
     add_series_uid_argument(parser)
     add_device_argument(parser)
     add_quiet_argument(parser)
@@ -51,6 +53,12 @@ def run(args: argparse.Namespace) -> int:
     check_output_path(args.output, [p for p in inputs if p is not None])
     if not 1 <= args.steps <= 1000:
         raise InputError(f"--steps must be between 1 and 1000, got {args.steps}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InputError(f"--threads must be at least 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     volume = load_input(args)
     lesion_mask = load_volume(args.lesion_mask)
     config = LesionAnonymizationConfig(steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",

@@ -155,6 +155,44 @@ def test_linknet_gives_probabilities_at_input_size():
     torch.testing.assert_close(out.sum(dim=1), torch.ones(1, 64, 64, 64))
 
 
+def _ball(shape, spacing, radius_mm):
+    grids = np.meshgrid(*[(np.arange(n) - (n - 1) / 2) * d for n, d in zip(shape, spacing)], indexing="ij")
+    return sum(g ** 2 for g in grids) <= radius_mm ** 2
+
+
+def test_surface_margin_moves_the_surface_inwards_in_mm():
+    from AnonMRILib.transforms.brain_extraction.deepbet import shrink_surface
+
+    ball = _ball((41, 41, 41), (1.0, 1.0, 1.0), 15.0)
+    shrunk = shrink_surface(ball, (1.0, 1.0, 1.0), 1.0)
+    # exactly the face-connected border layer goes on a 1 mm grid
+    from scipy import ndimage
+
+    assert np.array_equal(shrunk, ndimage.binary_erosion(ball))
+    assert shrunk.sum() < ball.sum() and not (shrunk & ~ball).any()
+    # a 2.5 mm margin takes the voxels within 2.5 mm of the outside: radius shrinks by ~2-3 mm
+    deeper = shrink_surface(ball, (1.0, 1.0, 1.0), 2.5)
+    radius = (3 * deeper.sum() / (4 * np.pi)) ** (1 / 3)
+    assert 11.5 < radius < 13.5
+    # no margin, or a margin below the voxel size, leaves the mask as it is
+    assert np.array_equal(shrink_surface(ball, (1.0, 1.0, 1.0), 0.0), ball)
+    coarse = _ball((27, 27, 27), (1.5, 1.5, 1.5), 15.0)
+    assert np.array_equal(shrink_surface(coarse, (1.5, 1.5, 1.5), 1.0), coarse)
+    # anisotropic voxels: only the layers along the 1 mm axis go for a 1.2 mm margin
+    aniso = shrink_surface(np.pad(np.ones((10, 10, 10), bool), 2), (1.0, 2.0, 2.0), 1.2)
+    assert aniso.sum() == 8 * 10 * 10
+
+
+def test_deepbet_config_is_validated():
+    from AnonMRILib.transforms.brain_extraction.deepbet import DeepbetConfig
+
+    assert DeepbetConfig().threshold == 0.5 and DeepbetConfig().surface_margin_mm == 1.0
+    with pytest.raises(ValueError):
+        DeepbetConfig(threshold=1.0)
+    with pytest.raises(ValueError):
+        DeepbetConfig(surface_margin_mm=-1.0)
+
+
 # --- the command line -----------------------------------------------------------------------------
 def test_cli_brainmask_on_a_reoriented_sample(tmp_path, head, computed):
     """End to end through ``anonmri brainmask``; a flipped/permuted input gives the same brain."""

@@ -119,7 +119,7 @@ def test_cli_end_to_end_and_bad_inputs_exit_2(tmp_path, capsys):
     save_volume(volume, tmp_path / "in.nii.gz")
     save_volume(lesion, tmp_path / "lesion.nrrd")
     args = [str(tmp_path / "in.nii.gz"), str(tmp_path / "lesion.nrrd")]
-    common = ["--weights", str(weights), "--steps", "2", "--quiet", "--device", "cpu"]
+    common = ["--weights", str(weights), "--steps", "2", "--quiet", "--device", "cpu", "--threads", "1"]
     assert main(["lesion", *args, str(tmp_path / "out.nii.gz"), "--exact-lesion", "--seed", "3", *common]) == 0
     out = load_volume(tmp_path / "out.nii.gz")
     inside = lesion.array != 0
