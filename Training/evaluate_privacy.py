@@ -256,12 +256,17 @@ class Anonymizers:
             self.cpgan_weights = self._find_cpgan_weights()
 
     def _find_cpgan_weights(self) -> Optional[Path]:
-        candidates = [Path(self.config.cpgan_weights)] if self.config.cpgan_weights else []
-        candidates.append(REPO_ROOT / "AnonMRILib" / "weights" / "cpgan_s64.safetensors")
-        for candidate in candidates:
-            if candidate.is_file():
-                return candidate
-        self.cpgan_note = f"CP-GAN left out: no weights at {', '.join(str(c) for c in candidates)}"
+        """The weights asked for (which must exist), else the shipped ones, else None (left out)."""
+        if self.config.cpgan_weights:
+            path = Path(self.config.cpgan_weights)
+            if not path.is_file():
+                raise InputError(f"CP-GAN weights not found: {path}")
+            return path
+        from AnonMRILib.models.cpgan_weights import DEFAULT_WEIGHTS
+
+        if Path(DEFAULT_WEIGHTS).is_file():
+            return Path(DEFAULT_WEIGHTS)
+        self.cpgan_note = f"CP-GAN left out: no weights at {DEFAULT_WEIGHTS}"
         return None
 
     def available(self, method: str) -> bool:

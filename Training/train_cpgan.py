@@ -392,6 +392,9 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
         step, elapsed_before = load_checkpoint(checkpoint_path, generator, discriminator, ema, optimizer_g,
                                                optimizer_d, rng)
         rng.manual_seed(config.seed * 1000 + rank + 7919 * step)  # a fresh, reproducible stream per rank
+        for optimizer in (optimizer_g, optimizer_d):  # the config's learning rate applies on resume
+            for group in optimizer.param_groups:
+                group["lr"] = config.learning_rate
         log(f"resumed from step {step}")
     g_model, d_model = generator, discriminator
     if world > 1:
@@ -538,6 +541,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--subjects-per-head", type=int, default=None)
     parser.add_argument("--scans-per-subject", type=int, default=None)
     parser.add_argument("--reconstruction-weight", type=float, default=None)
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help="AdamP learning rate (default 2e-3; also applies when resuming)")
     parser.add_argument("--sample-every", type=int, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=None)
@@ -567,7 +572,7 @@ def config_from_arguments(args: argparse.Namespace) -> TrainConfig:
     for flag, key in (("steps", "steps"), ("batch_size", "batch_size"), ("sample_every", "sample_every"),
                       ("checkpoint_every", "checkpoint_every"), ("log_every", "log_every"),
                       ("wall_time_minutes", "wall_time_minutes"), ("threads", "threads"), ("seed", "seed"),
-                      ("reconstruction_weight", "reconstruction_weight")):
+                      ("reconstruction_weight", "reconstruction_weight"), ("learning_rate", "learning_rate")):
         value = getattr(args, flag)
         if value is not None:
             setattr(config, key, value)

@@ -54,6 +54,7 @@ def save_generator(path: Union[str, Path], generator, card: Dict[str, Any]) -> D
     card["weights_file"] = path.name
     card_temporary = card_path(path).with_name(card_path(path).name + ".tmp")
     card_temporary.write_text(json.dumps(card, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    temporary.chmod(0o644)
     temporary.replace(path)
     card_temporary.replace(card_path(path))
     return card

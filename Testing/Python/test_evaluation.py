@@ -338,8 +338,7 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(brain_mask_module, "brain_mask", threshold_brain)
     config = script.EvaluationConfig(
         heads=[f"sample={sample_head_path()}:{sample_brain_mask_path()}"],
-        methods=["ORIGINAL", "BLURRED", "QUICKSHEAR", "CP-GAN", "BLACK"],
-        cpgan_weights=str(tmp_path / "no_such_weights.safetensors"),
+        methods=["ORIGINAL", "BLURRED", "QUICKSHEAR", "BLACK"],
         subjects_per_head=5, n_options=3, working_spacing_mm=6.0, render_grid_size=32, render_size=32, blur_sigma_px=1.0,
         attacker_image_size=32, attacker_channels=[4, 8], attacker_embedding_dim=8, training_steps=4,
         training_batch_size=4, n_splits=2, identification_repeats=2, bootstrap_resamples=50, tissue_scans=1,
@@ -347,10 +346,8 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     out, work = tmp_path / "report", tmp_path / "work"
     result = script.evaluate(config, out, work, save_attacker=tmp_path / "reid.safetensors",
                              save_reference=tmp_path / "reference.npz", reference_count=3)
-    if not (REPO_ROOT / "AnonMRILib" / "weights" / "cpgan_s64.safetensors").is_file():
-        assert "CP-GAN" not in result["identification_rate"] and "CP-GAN left out" in result["notes"][0]
-    methods = [m for m in config.methods if m in result["identification_rate"]]
-    assert {"ORIGINAL", "BLURRED", "QUICKSHEAR", "BLACK"} <= set(methods)
+    methods = list(result["identification_rate"])
+    assert methods == config.methods
     for method in methods:
         rate = result["identification_rate"][method]
         assert 0.0 <= rate["mean"] <= 1.0 and rate["sd"] >= 0.0 and len(rate["per_split"]) == 2
@@ -373,3 +370,18 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     again = script.evaluate(config, tmp_path / "report2", work)
     assert calls == []
     assert again["identification_rate"] == result["identification_rate"]
+
+
+def test_evaluate_privacy_configuration_errors(tmp_path):
+    script = _load_script()
+    with pytest.raises(InputError, match="unknown configuration keys"):
+        script.EvaluationConfig.from_dict({"subject_per_head": 3})
+    config = script.EvaluationConfig.from_dict({"_comment": "ignored", "heads": ["a=b.nii.gz"]})
+    config.methods = ["ORIGINAL", "NOSE-JOB"]
+    with pytest.raises(InputError, match="unknown methods"):
+        config.validate()
+    config.methods = ["ORIGINAL", "CP-GAN"]
+    config.cpgan_weights = str(tmp_path / "missing.safetensors")
+    with pytest.raises(InputError, match="CP-GAN weights not found"):
+        script.Anonymizers(config)
+    assert script.main(["--out", str(tmp_path / "out"), "--head", "nohead"]) == 2
