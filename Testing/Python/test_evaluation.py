@@ -307,6 +307,10 @@ def test_score_command(sample, shaved, tmp_path):
     assert code.returncode == 0, code.stderr
     scores = json.loads(code.stdout)
     assert scores["brain"]["preserved_fraction"] == 1.0 and scores["face_region"]["changed_fraction"] > 0.5
+    same = subprocess.run([sys.executable, "-m", "AnonMRILib", "score", str(sample_head_path()), str(sample_head_path()),
+                           "--brain-mask", str(sample_brain_mask_path()), "--no-renderings", "--json"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0 and json.loads(same.stdout)["face_region"]["psnr_db"] == "inf"  # strict JSON
     small = save_volume(Volume(head.array[:-2], head.affine), tmp_path / "small.nii.gz", like=head.dtype)
     assert main(["score", str(sample_head_path()), str(small), "--no-renderings", "--json"]) == 2
 
