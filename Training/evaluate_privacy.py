@@ -315,7 +315,8 @@ def _rendering_config(config: EvaluationConfig):
 
 
 def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_tissue: bool,
-                 cache_dir: Path, cache_key: str, timings: Optional[Dict[str, float]] = None
+                 cache_dir: Path, cache_key: str, timings: Optional[Dict[str, float]] = None,
+                 tissue_key: Optional[str] = None
                  ) -> Tuple[Dict[str, np.ndarray], Optional[Dict]]:
     """Renderings of every available method for one scan (+ tissue agreement when asked), cached.
 
@@ -323,6 +324,7 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
     tissue segmentations.
     """
     timings = {} if timings is None else timings
+    tissue_key = tissue_key or cache_key
     from AnonMRILib.evaluation.face_renderings import blur_rendering, head_centre, render_canonical_face
 
     render_config = _rendering_config(config)
@@ -342,9 +344,9 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
     tissue: Dict = {}
     if tissue_path.is_file():
         stored_tissue = json.loads(tissue_path.read_text())
-        if stored_tissue.get("_key") == cache_key:
+        if stored_tissue.get("_key") == tissue_key:
             tissue = stored_tissue
-    tissue.setdefault("_key", cache_key)
+    tissue.setdefault("_key", tissue_key)
 
     wanted = [m for m in config.methods if anonymizers.available(m)]
     needs_volume = [m for m in wanted if m in VOLUME_METHODS
@@ -369,7 +371,7 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
 
                 tissue_config = TissueSegmentationConfig(brain_mask_backend=config.brain_mask_backend)
                 if original_labels is None:
-                    original_labels = _original_labels(scan, tissue_config, cache_dir, cache_key)
+                    original_labels = _original_labels(scan, tissue_config, cache_dir, tissue_key)
                 labels = segment_tissues(anonymized, tissue_config)
                 result = tissue_agreement(original_labels, labels)
                 result["_method"] = anonymizers.fingerprint(method)
@@ -391,6 +393,16 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
         tissue_path.parent.mkdir(parents=True, exist_ok=True)
         _write_json(tissue_path, tissue)
     return renderings, (tissue if do_tissue else None)
+
+
+def brain_extraction_fingerprint() -> str:
+    """Hash of the brain-extraction code and weight cards: tissue results are cached under it, so a
+    change of the brain-mask backend never mixes old and new segmentations in one table."""
+    library = REPO_ROOT / "AnonMRILib"
+    files = sorted((library / "transforms" / "brain_extraction").glob("*.py"))
+    files += [library / "transforms" / "brain_mask.py"]
+    files += sorted((library / "weights" / "brain_extraction").glob("*.json"))
+    return _fingerprint([(f.name, _sha256_file(f)) for f in files if f.is_file()])
 
 
 def _original_labels(scan, tissue_config, cache_dir: Path, cache_key: str) -> Volume:
@@ -739,6 +751,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
     population_values = {k: v for k, v in population_config.to_dict().items() if k != "subjects_per_head"}
     population_key = _fingerprint([CACHE_VERSION, head_keys, population_values,
                                    asdict(_rendering_config(config)), config.brain_mask_backend])
+    tissue_key = _fingerprint([population_key, brain_extraction_fingerprint()])
     subject_ids = sorted({f"{h.name}-s{i:04d}" for h in heads for i in range(config.subjects_per_head)})
     tissue_rng = np.random.default_rng(config.seed)
     tissue_subjects = set(tissue_rng.choice(subject_ids, size=min(config.tissue_scans, len(subject_ids)),
@@ -751,7 +764,8 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
         do_tissue = scan.subject_id in tissue_subjects and scan.scan_index == 0
         scan_started = time.time()
         timings: Dict[str, float] = {}
-        renderings, tissue = process_scan(scan, config, anonymizers, do_tissue, work_dir, population_key, timings)
+        renderings, tissue = process_scan(scan, config, anonymizers, do_tissue, work_dir, population_key, timings,
+                                          tissue_key)
         computed_scans += bool(timings)
         records.append({"subject": scan.subject_id, "scan": scan.scan_id, "head": scan.head})
         for method in methods:
