@@ -31,14 +31,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from AnonMRILib.models.model_card import sha256_of  # noqa: E402
 from AnonMRILib.models.linknet3d import LinkNet3d, LinkNet3dConfig  # noqa: E402
 
 MEMBERS = {"bbox": "data/models/bbox_model.pt", "brain": "data/models/model.pt"}
 LICENSE_MEMBER = "deepbet-1.0.2.dist-info/LICENSE"
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def convert(scripted: torch.jit.ScriptModule, dtype: torch.dtype, seed: int = 0) -> dict:

@@ -14,10 +14,11 @@ and run::
     python Training/make_deface_template.py --pydeface-data pydeface/pydeface/data
 """
 import argparse
-import hashlib
 from pathlib import Path
 
 import numpy as np
+
+from AnonMRILib.models.model_card import sha256_of
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT_DIR = REPO / "AnonMRILib" / "data" / "templates"
@@ -66,10 +67,6 @@ AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
 LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
 OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
 SOFTWARE."""
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main() -> int:
@@ -123,7 +120,7 @@ def main() -> int:
     save_volume(Volume(scaled, affine), args.output_dir / TEMPLATE_FILE)
     save_volume(Volume(face, affine), args.output_dir / FACEMASK_FILE)
     (args.output_dir / "ATTRIBUTION.md").write_text(ATTRIBUTION.format(
-        margin=args.margin_mm, sha_template=sha256(template_path), sha_mask=sha256(mask_path),
+        margin=args.margin_mm, sha_template=sha256_of(template_path), sha_mask=sha256_of(mask_path),
         licence=MIT_LICENCE), encoding="utf-8")
     sizes = {name: (args.output_dir / name).stat().st_size for name in (TEMPLATE_FILE, FACEMASK_FILE)}
     print(f"template grid {scaled.shape} at {args.spacing_mm} mm; face voxels {int(face.sum())}; "

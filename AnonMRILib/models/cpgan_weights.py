@@ -10,12 +10,12 @@ The card (``<name>.json`` beside ``<name>.safetensors``) holds at least::
 the tensors fit the configuration; any failure is a :class:`~AnonMRILib.errors.WeightsError`
 with one clear sentence.
 """
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 from ..errors import WeightsError
+from .model_card import sha256_of, verify_sha256
 
 MODEL_NAME = "cpgan-generator"
 #: the shipped weights (inside the installed package)
@@ -25,14 +25,6 @@ DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / "cpgan_s64.s
 def card_path(weights_path: Union[str, Path]) -> Path:
     """The model card path of a weights file: same name, ``.json``."""
     return Path(weights_path).with_suffix(".json")
-
-
-def sha256_of(path: Union[str, Path]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def save_generator(path: Union[str, Path], generator, card: Dict[str, Any]) -> Dict[str, Any]:
@@ -75,7 +67,7 @@ def read_card(weights_path: Union[str, Path]) -> Dict[str, Any]:
 
 
 def load_generator(weights_path: Optional[Union[str, Path]] = None, device: Any = "cpu",
-                   verify_sha256: bool = True) -> Tuple[Any, Dict[str, Any]]:
+                   check_sha256: bool = True) -> Tuple[Any, Dict[str, Any]]:
     """(CPGANGenerator in eval mode on ``device``, model card) from a safetensors file + card.
 
     ``weights_path`` defaults to the shipped :data:`DEFAULT_WEIGHTS`.
@@ -90,12 +82,8 @@ def load_generator(weights_path: Optional[Union[str, Path]] = None, device: Any 
         hint = " (the shipped weights are missing from this installation)" if weights_path is None else ""
         raise WeightsError(f"CP-GAN weights {path} not found{hint}")
     card = read_card(path)
-    if verify_sha256:
-        expected = str(card.get("sha256", ""))
-        actual = sha256_of(path)
-        if expected != actual:
-            raise WeightsError(f"CP-GAN weights {path} are corrupt or do not belong to their model card "
-                               f"(SHA-256 {actual[:12]}... differs from the card's {expected[:12]}...)")
+    if check_sha256:
+        verify_sha256(path, card.get("sha256", ""), what="CP-GAN weights")
     try:
         config = CPGANConfig.from_dict(card["config"])
     except (TypeError, ValueError) as error:

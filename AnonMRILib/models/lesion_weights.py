@@ -6,12 +6,12 @@ A weights file holds the model's ``state_dict`` and string metadata: ``kind`` (`
 ``(mean - latent_shift) / latent_scale``). The shipped files live in ``AnonMRILib/weights/`` as
 ``lesion_vae.safetensors`` and ``lesion_diffusion.safetensors`` with JSON model cards beside them.
 """
-import hashlib
 import json
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
 from ..errors import WeightsError
+from .model_card import sha256_of  # noqa: F401  (re-exported for the training scripts)
 
 VAE_FILE = "lesion_vae.safetensors"
 DIFFUSION_FILE = "lesion_diffusion.safetensors"
@@ -21,14 +21,6 @@ PathLike = Union[str, Path]
 def default_weights_dir() -> Path:
     """The package's ``weights`` folder."""
     return Path(__file__).resolve().parents[1] / "weights"
-
-
-def sha256_of(path: PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_model(path: PathLike, model, kind: str, extra: Optional[Dict[str, str]] = None) -> None:

@@ -22,7 +22,6 @@ carries over; the networks are :class:`~AnonMRILib.models.linknet3d.LinkNet3d` l
    why the default is 1 mm (deepbet's surface lies ~1-2 mm outside ROBEX's).
 Networks run in float32 on ``device`` (CPU by default; CUDA when asked and available).
 """
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 
 from ...errors import InputError, WeightsError
 from ...io.volume import Volume
+from ...models.model_card import verify_sha256
 from ...progress import ProgressCallback, report
 
 #: folder of the converted deepbet weights and their model card
@@ -96,14 +96,6 @@ class DeepbetConfig:
             raise ValueError(f"mirror_augmentation must be True or False, got {self.mirror_augmentation!r}")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR) -> Dict[str, "object"]:
     """The two LinkNet3d networks (``"bbox"``, ``"brain"``) in eval mode, float32, on ``device``."""
     import torch
@@ -125,8 +117,7 @@ def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR) -> Dict[str, "ob
         path = Path(weights_dir) / entry["file"]
         if not path.is_file():
             raise WeightsError(f"brain-extraction weights missing: {path}")
-        if _sha256(path) != entry["sha256"]:
-            raise WeightsError(f"brain-extraction weights {path} do not match their SHA-256 in {card_path}")
+        verify_sha256(path, entry["sha256"], what="brain-extraction weights")
         network = LinkNet3d(config)
         try:
             network.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()}, strict=True)
