@@ -16,15 +16,24 @@ IMAGE_COMMANDS = {
     "brainmask": (lambda src, out: ["brainmask", str(src), str(out)], ".nii.gz"),
     "deface": (lambda src, out: ["deface", str(src), str(out), "--method", "black"], ".nii.gz"),
     "render": (lambda src, out: ["render", str(src), str(out)], ".png"),
+    "remodel": (lambda src, out: ["remodel", str(src), str(out), "--device", "cpu"], ".nii.gz"),
+    "privacy-transform": (lambda src, out: ["privacy-transform", str(src), str(out)], "_dir"),
+    "score": (lambda src, out: ["score", str(src), str(src), "--json"], ".none"),
 }
 #: commands that accept --brain-mask
-MASK_COMMANDS = {name: IMAGE_COMMANDS[name] for name in ("deface",)}
+MASK_COMMANDS = {name: IMAGE_COMMANDS[name] for name in ("deface", "remodel", "privacy-transform", "score")}
 
 
 def command_line(table, command, source, out_dir):
     build, suffix = table[command]
     out = out_dir / f"out_{command}{suffix}"
+    if suffix == "_dir":  # commands writing into an existing folder
+        out.mkdir(exist_ok=True)
     return build(source, out), out
+
+
+def nothing_written(out):
+    return not out.exists() or (out.is_dir() and not any(out.iterdir()))
 
 
 def bad_inputs(tmp_path):
@@ -61,7 +70,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, command):
         assert status == 2, label
         assert len(lines) == 1 and "error" in lines[0] and message in lines[0], (label, captured.err)
         assert "Traceback" not in captured.err
-        assert not out.exists(), label
+        assert nothing_written(out), label
 
 
 @pytest.mark.parametrize("command", sorted(c for c in IMAGE_COMMANDS if IMAGE_COMMANDS[c][1] == ".nii.gz"))
@@ -85,7 +94,7 @@ def test_mask_on_another_grid_is_refused(tmp_path, capsys, command):
     assert main(argv + ["--brain-mask", str(mask)]) == 2
     error = capsys.readouterr().err
     assert "grid" in error or "shape" in error
-    assert not out.exists()
+    assert nothing_written(out)
 
 
 def test_real_entry_point_prints_no_traceback(tmp_path):
@@ -94,3 +103,23 @@ def test_real_entry_point_prints_no_traceback(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_lesion_command_refuses_bad_image_and_mask_on_another_grid(tmp_path, capsys):
+    head = synthetic_head()
+    source = save_volume(head, tmp_path / "head.nii.gz")
+    lesion = head.with_array((head.array > 800).astype(np.uint8))
+    lesion_path = save_volume(lesion, tmp_path / "lesion.nii.gz")
+    other = synthetic_head(shape=(30, 30, 30))
+    wrong = save_volume(other.with_array((other.array > 450).astype(np.uint8)), tmp_path / "wrong.nii.gz")
+    out = tmp_path / "out.nii.gz"
+    for label, (bad_source, message) in bad_inputs(tmp_path).items():
+        assert main(["lesion", str(bad_source), str(lesion_path), str(out)]) == 2, label
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and message in error, (label, error)
+    assert main(["lesion", str(source), str(wrong), str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "grid" in error or "shape" in error
+    assert main(["lesion", str(source), str(lesion_path), str(source)]) == 2
+    assert "overwrite the input" in capsys.readouterr().err
+    assert not out.exists()
