@@ -8,8 +8,9 @@ The demo is a sequence of named steps (:data:`DEMO_STEPS`); each takes the share
 2. ``brain_mask``: compute its brain mask with the chosen backend -> ``brain_mask.nii.gz``;
 3. ``brain_mask_check``: Dice of that mask against the shipped ROBEX mask of the sample.
 4. ``remodel``: CP-GAN face remodeling with the shipped weights -> ``remodeled_T1w.nii.gz``,
-   ``before_after_face.png``, ``remodel_scores.json`` (brain voxels preserved, face-region change).
-Later steps (face remodeling, renderings, anonymity scores) append to :data:`DEMO_STEPS`.
+   ``before_after_face.png``, ``remodel_scores.json`` (brain voxels preserved, face-region change);
+5. ``scores``: the per-scan scores of :func:`AnonMRILib.evaluation.scores.scan_scores` (anonymity
+   criterion on face renderings, attacker rank among reference heads) -> ``scores.json``.
 """
 import argparse
 import json
@@ -85,12 +86,27 @@ def step_brain_mask_check(context: DemoContext) -> None:
     context.report["brain_mask"]["dice_vs_shipped_robex_mask"] = round(dice(context.volumes["brain_mask"], reference), 4)
 
 
+def step_scores(context: DemoContext) -> None:
+    """Per-scan scores of the remodeled head against the original -> ``scores.json``."""
+    from AnonMRILib.evaluation.scores import scan_scores
+    from AnonMRILib.progress import TqdmProgress
+
+    with TqdmProgress("scores", disable=context.quiet) as progress:
+        scores = scan_scores(context.volumes["head"], context.volumes["remodeled"],
+                             brain_mask=context.volumes["brain_mask"], progress=progress)
+    text = json.dumps(scores, indent=2, default=str, allow_nan=False) + "\n"
+    (context.out_dir / "scores.json").write_text(text, encoding="utf-8")
+    context.written.append("scores.json")
+    context.report["scores"] = scores
+
+
 #: the demo, in order: (name, step). Later features append their steps here.
 DEMO_STEPS: List[Tuple[str, Callable[[DemoContext], None]]] = [
     ("sample", step_sample),
     ("brain_mask", step_brain_mask),
     ("brain_mask_check", step_brain_mask_check),
     ("remodel", remodel_demo_step),
+    ("scores", step_scores),
 ]
 
 
