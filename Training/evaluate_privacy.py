@@ -758,7 +758,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
                                             replace=False).tolist()) if config.tissue_scans > 0 else set()
 
     records, stacks, tissue_results = [], {m: [] for m in methods}, []
-    computed_scans = 0
+    computed_pairs = 0  # (scan, method) anonymizations computed in this invocation, not read from --work
     total = len(subject_ids) * config.scans_per_subject
     for count, scan in enumerate(generate_population(heads, population_config)):
         do_tissue = scan.subject_id in tissue_subjects and scan.scan_index == 0
@@ -766,7 +766,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
         timings: Dict[str, float] = {}
         renderings, tissue = process_scan(scan, config, anonymizers, do_tissue, work_dir, population_key, timings,
                                           tissue_key)
-        computed_scans += bool(timings)
+        computed_pairs += sum(1 for method in methods if method in timings)
         records.append({"subject": scan.subject_id, "scan": scan.scan_id, "head": scan.head})
         for method in methods:
             stacks[method].append(renderings[method])
@@ -825,10 +825,11 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
         "config": asdict(config),
         "machine": _machine(),
         "wall_time_s": time.time() - started,
-        "wall_time_note": (f"this invocation; {len(records) - computed_scans} of {len(records)} scans' anonymizations/"
-                           "renderings (and the tissue results and attackers with the same keys) were reused from the "
-                           "--work cache of earlier invocations of the same configuration"
-                           if computed_scans < len(records) else "this invocation, nothing reused"),
+        "wall_time_note": (f"this invocation; {len(records) * len(methods) - computed_pairs} of "
+                           f"{len(records) * len(methods)} (scan, method) anonymizations/renderings (and the tissue "
+                           "results and attackers with the same keys) were reused from the --work cache of earlier "
+                           "invocations of the same configuration"
+                           if computed_pairs < len(records) * len(methods) else "this invocation, nothing reused"),
     }
     _write_json(out_dir / "privacy.json", result)
     (out_dir / "report.md").write_text(_markdown_report(result))
