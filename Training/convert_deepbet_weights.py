@@ -19,7 +19,6 @@ TorchScript is read here only, in this offline conversion; AnonMRI itself never 
 """
 import argparse
 import hashlib
-import io
 import json
 import sys
 import tempfile

@@ -69,6 +69,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from AnonMRILib.errors import AnonMRIError, InputError  # noqa: E402
 from AnonMRILib.io import Volume, load_volume  # noqa: E402
+from AnonMRILib.models.model_card import sha256_of  # noqa: E402
 
 #: every method of the study, in the order of the paper's Figure 4
 ALL_METHODS = ("ORIGINAL", "BLURRED", "FACE-MASK", "DEFACE", "QUICKSHEAR", "CP-GAN", "BLACK", "SKULLSTRIP")
@@ -154,14 +155,6 @@ class EvaluationConfig:
 # --- small helpers ------------------------------------------------------------------------------
 def _fingerprint(values) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _log(message: str) -> None:
@@ -280,7 +273,7 @@ class Anonymizers:
     def fingerprint(self, method: str) -> str:
         if method == "CP-GAN":
             if not hasattr(self, "_cpgan_sha"):
-                self._cpgan_sha = _sha256_file(self.cpgan_weights)
+                self._cpgan_sha = sha256_of(self.cpgan_weights)
             return f"CP-GAN:{self._cpgan_sha}:{self.config.remodel_seed}"
         if method == "DEFACE":
             return f"DEFACE:{self.config.deface_registration_spacing_mm}"
@@ -402,7 +395,7 @@ def brain_extraction_fingerprint() -> str:
     files = sorted((library / "transforms" / "brain_extraction").glob("*.py"))
     files += [library / "transforms" / "brain_mask.py"]
     files += sorted((library / "weights" / "brain_extraction").glob("*.json"))
-    return _fingerprint([(f.name, _sha256_file(f)) for f in files if f.is_file()])
+    return _fingerprint([(f.name, sha256_of(f)) for f in files if f.is_file()])
 
 
 def _original_labels(scan, tissue_config, cache_dir: Path, cache_key: str) -> Volume:
@@ -733,7 +726,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
     notes = [anonymizers.cpgan_note] if anonymizers.cpgan_note else []
     if anonymizers.cpgan_weights is not None:
         notes.append(f"CP-GAN weights: {anonymizers.cpgan_weights.name} "
-                     f"(SHA-256 {_sha256_file(anonymizers.cpgan_weights)[:16]}...)")
+                     f"(SHA-256 {sha256_of(anonymizers.cpgan_weights)[:16]}...)")
     methods = [m for m in config.methods if anonymizers.available(m)]
     if "DEFACE" in methods and config.deface_registration_spacing_mm != 2.0:
         notes.append(f"DEFACE registers its template at {config.deface_registration_spacing_mm:g} mm (the "

@@ -35,7 +35,6 @@ Example (the shipped weights)::
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time

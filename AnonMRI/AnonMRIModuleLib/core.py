@@ -176,10 +176,16 @@ def run_request(request: AnonymizationRequest, progress: Optional[ProgressCallba
         if request.lesion_mask is None:
             raise InputError("lesion-preserving anonymization needs a lesion segmentation")
         function = library_function(LESION)
+        options = dict(request.options)
+        steps = options.pop("sampling_steps", None)
+        if steps:  # the panel's "sampling steps" are the lesion pipeline's DDIM steps
+            from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig
+
+            options["config"] = LesionAnonymizationConfig(steps=int(steps))
         result = call_with_supported_options(
             function, request.image, request.lesion_mask, brain_mask=request.brain_mask,
             weights=request.weights, device=request.device, seed=request.seed, progress=progress,
-            droppable=("device", "progress", "brain_mask"), **request.options)
+            droppable=("device", "progress", "brain_mask"), **options)
     elif request.operation == DEFACE:
         function = library_function(DEFACE)
         result = call_with_supported_options(

@@ -25,6 +25,8 @@ def add_parser(subparsers) -> None:
                         help="CP-GAN generator weights (.safetensors with its .json model card beside it; "
                              "default: the shipped weights)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0): same seed, same output")
+    parser.add_argument("--rotations", type=int, default=None, metavar="K",
+                        help="rotations K of the surface representation (default: the model card's)")
     parser.add_argument("--before-after", type=Path, default=None, metavar="PNG",
                         help="also write face renderings of input and output side by side")
     add_device_argument(parser)
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     volume = load_input(args)
     mask = load_user_brain_mask(args, volume)
     with TqdmProgress("remodel", disable=args.quiet) as progress:
-        output = remodel_face(volume, brain_mask=mask, weights=args.weights, device=args.device,
+        output = remodel_face(volume, brain_mask=mask, weights=args.weights, device=args.device, rotations=args.rotations,
                               seed=args.seed, progress=progress)
     save_volume(output, args.output, like=volume, protect=[p for p in inputs if p is not None])
     if args.before_after is not None:

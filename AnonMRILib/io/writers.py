@@ -9,7 +9,7 @@ then renamed into place, so a failure never leaves a half-written output.
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Union
 
 import numpy as np
 

@@ -31,7 +31,7 @@ Loss       relativistic, non-averaging least-squares GAN (RLSGAN, Jolicoeur-Mart
 All modules take and return (N, C, D, H, W) float tensors, coarsest scale first for pyramids.
 """
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch

@@ -15,7 +15,6 @@ Weights ship as safetensors with a JSON model card beside them
 (``<name>.safetensors`` + ``<name>.json``: config, training data, metrics, SHA-256 of the weights).
 Loading never unpickles.
 """
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 
 from ..errors import InputError, WeightsError
+from .model_card import sha256_of
 
 #: the shipped attacker, trained by ``Training/evaluate_privacy.py`` on ORIGINAL renderings
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / "reid_siamese.safetensors"
@@ -139,7 +139,7 @@ class SiameseNetwork:
         document = {"model": "reid_siamese", "architecture": "AnonMRILib.models.reidentification",
                     "config": asdict(self.config)}
         document.update(card or {})
-        document["sha256"] = _sha256(path)
+        document["sha256"] = sha256_of(path)
         path.with_suffix(".json").write_text(json.dumps(document, indent=2, default=_json_default) + "\n")
         return path
 
@@ -154,7 +154,7 @@ class SiameseNetwork:
             raise WeightsError(f"attacker weights not found: {path} (and its .json card); "
                                f"train them with Training/evaluate_privacy.py")
         card = json.loads(card_path.read_text())
-        if card.get("sha256") and card["sha256"] != _sha256(path):
+        if card.get("sha256") and card["sha256"] != sha256_of(path):
             raise WeightsError(f"attacker weights {path} do not match the SHA-256 in their card")
         config = SiameseConfig.from_dict(card.get("config", {}))
         network = cls(config, device=device)
@@ -173,14 +173,6 @@ def triplet_loss(margin: float = 5.0):
     import torch.nn as nn
 
     return nn.TripletMarginLoss(margin=margin, p=2.0)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _json_default(value: Any) -> Any:

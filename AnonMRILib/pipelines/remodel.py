@@ -54,11 +54,16 @@ def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None):
     return output[0, 0].to("cpu", torch.float32)
 
 
-def _privacy_config(card: Dict[str, Any], size: int):
+def _privacy_config(card: Dict[str, Any], size: int, rotations: Optional[int] = None):
+    """The model card's privacy-transform settings at the generator's size; ``rotations`` overrides K."""
     from ..transforms.privacy import PrivacyTransformConfig
 
     values = dict(card.get("privacy_transform") or {})
     values["size"] = size
+    if rotations is not None:
+        if int(rotations) < 1:
+            raise InputError(f"rotations K must be at least 1, got {rotations}")
+        values["rotations"] = int(rotations)
     known = set(PrivacyTransformConfig.__dataclass_fields__)  # type: ignore[attr-defined]
     return PrivacyTransformConfig(**{k: v for k, v in values.items() if k in known})
 
@@ -84,22 +89,25 @@ def _run_generator(generator, gamma, seed: int, device, progress: Optional[Progr
 
 
 def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
-                 device: str = "auto", seed: int = 0, progress: Optional[ProgressCallback] = None) -> Volume:
+                 device: str = "auto", seed: int = 0, progress: Optional[ProgressCallback] = None,
+                 rotations: Optional[int] = None) -> Volume:
     """De-identify a whole-head T1 by remodeling everything outside the brain inside the head's hull.
 
     ``volume``: the head (any orientation and spacing). ``brain_mask``: nonzero = brain on the
     same grid, or None to compute one. ``weights``: CP-GAN generator safetensors (its model card
     beside it); None = the shipped weights. ``device``: auto | cpu | cuda. Returns a Volume on
     ``volume``'s grid with its dtype; brain voxels are the input's, bit for bit (checked).
+    ``rotations``: K of the surface representation (None = the model card's value).
     Raises WeightsError (weights missing/corrupt), InputError (bad input), InvariantError.
     """
-    volume_out, _ = remodel_face_with_details(volume, brain_mask, weights, device, seed, progress)
+    volume_out, _ = remodel_face_with_details(volume, brain_mask, weights, device, seed, progress, rotations)
     return volume_out
 
 
 def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
                               device: str = "auto", seed: int = 0,
-                              progress: Optional[ProgressCallback] = None) -> Tuple[Volume, Dict[str, Any]]:
+                              progress: Optional[ProgressCallback] = None,
+                              rotations: Optional[int] = None) -> Tuple[Volume, Dict[str, Any]]:
     """:func:`remodel_face` plus details: the brain mask and convex hull used, stage timings (s)."""
     import time
 
@@ -125,7 +133,7 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
 
     start = time.perf_counter()
     report(progress, 0.4, "privacy transform")
-    transform = privacy_transform(volume, mask, _privacy_config(card, generator.config.size), seed=seed,
+    transform = privacy_transform(volume, mask, _privacy_config(card, generator.config.size, rotations), seed=seed,
                                   progress=sub_progress(progress, 0.4, 0.7))
     timings["privacy_transform"] = time.perf_counter() - start
 

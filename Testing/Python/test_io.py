@@ -1,5 +1,4 @@
 """Volume, readers and writers: formats, geometry, dtype handling, atomicity, refusals."""
-import gzip
 import os
 from pathlib import Path
 

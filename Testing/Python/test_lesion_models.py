@@ -1,5 +1,4 @@
 """Lesion VAEs, joint decoder, conditional latent diffusion: shapes, loss schedule, schedulers, weights."""
-import numpy as np
 import pytest
 import torch
 

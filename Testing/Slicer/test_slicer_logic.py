@@ -223,9 +223,11 @@ def test_remodel_with_a_weights_file_through_the_logic_keeps_brain_voxels(scene,
     assert (result.array[~inside] != head.array[~inside]).mean() > 0.05  # the rest was regenerated
     again = mrml.volume_from_node(logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3))
     np.testing.assert_array_equal(again.array, result.array)  # same seed, same output
-    if "rotations" not in inspect.signature(core.library_function(core.REMODEL)).parameters:
-        with pytest.raises(InputError, match="no option 'rotations'"):  # a K the model cannot take is refused
-            logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", rotations=4)
+    # the panel's rotations K reaches the privacy transform: another K, another hull, same brain
+    other_k = mrml.volume_from_node(logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu",
+                                                      seed=3, rotations=4))
+    np.testing.assert_array_equal(other_k.array[inside], head.array[inside])
+    assert not np.array_equal(other_k.array, result.array)
 
 
 @pytest.mark.skipif(not _has_module("AnonMRILib.pipelines.remodel"),
@@ -285,8 +287,8 @@ def test_lesion_anonymization_gets_the_segmentation_as_a_mask_on_the_image_grid(
     assert slicer.vtkSlicerSegmentationsModuleLogic.ImportLabelmapToSegmentationNode(lesion_labelmap, segmentation)
     received = {}
 
-    def lesion_pipeline(volume, lesion_mask, weights=None, device="auto", seed=0, progress=None, sampling_steps=50):
-        received.update(mask=lesion_mask, seed=seed, steps=sampling_steps)
+    def lesion_pipeline(volume, lesion_mask, config=None, weights=None, device="auto", seed=0, progress=None):
+        received.update(mask=lesion_mask, seed=seed, steps=config.steps)
         return volume.with_array(np.where(lesion_mask.array > 0, volume.array, 0).astype(volume.dtype))
 
     monkeypatch.setattr(core, "library_function", lambda operation: lesion_pipeline)
@@ -296,3 +298,15 @@ def test_lesion_anonymization_gets_the_segmentation_as_a_mask_on_the_image_grid(
     assert received["mask"].same_grid(head) and received["seed"] == 4 and received["steps"] == 20
     result = mrml.volume_from_node(out)
     np.testing.assert_array_equal(result.array[labels > 0], head.array[labels > 0])
+
+
+def test_lesion_anonymization_through_the_logic_with_the_shipped_models(scene, head_nodes):
+    """The real lesion pipeline behind the panel: output on the input grid, the rest regenerated."""
+    head, _, head_node, _ = head_nodes
+    labels = np.zeros(head.shape, np.uint8)
+    labels[12:16, 14:20, 10:14] = 1
+    lesion_node = mrml.add_volume_node(scene, head.with_array(labels), "lesion labels", labelmap=True)
+    out = core.AnonMRILogicCore(scene).anonymizeLesions(head_node, lesion_node, device="cpu", seed=1, samplingSteps=3)
+    result = mrml.volume_from_node(out)
+    assert result.same_grid(head) and result.dtype == head.dtype
+    assert (result.array[labels == 0] != head.array[labels == 0]).mean() > 0.05
