@@ -20,10 +20,16 @@ from .volume import Volume
 
 
 def check_output_path(path: PathLike, inputs: Iterable[PathLike] = ()) -> Path:
-    """Validate an output path before any work: known suffix, writable folder, not an input."""
+    """Validate an image output path before any work: known suffix, writable folder, not an input."""
     path = Path(path)
     if not image_suffix(path):
         raise InputError(f"{path}: unknown output format (use one of {', '.join(WRITE_SUFFIXES)})")
+    return check_destination(path, inputs)
+
+
+def check_destination(path: PathLike, inputs: Iterable[PathLike] = ()) -> Path:
+    """Validate any output file path: not a folder, in an existing folder, not one of ``inputs``."""
+    path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a folder, expected an output file name")
     parent = path.parent if str(path.parent) else Path(".")

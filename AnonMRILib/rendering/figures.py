@@ -74,19 +74,12 @@ def side_by_side(images: Sequence[np.ndarray], labels: Optional[Sequence[str]] =
 
 def check_png_path(path: Union[str, Path], inputs: Iterable[Union[str, Path, None]] = ()) -> Path:
     """Validate a PNG output path before any work: .png name, existing folder, not an input file."""
+    from ..io.writers import check_destination
+
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise InputError(f"{path}: a rendering is written as PNG; use a .png file name")
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, expected a .png file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{parent}: output folder does not exist")
-    for source in inputs:
-        if source is not None and Path(source).exists() and path.exists() and \
-                os.path.samefile(str(path), str(source)):
-            raise InputError(f"{path}: refusing to overwrite an input; choose another output path")
-    return path
+    return check_destination(path, [source for source in inputs if source is not None])
 
 
 def save_png(image: np.ndarray, path: Union[str, Path]) -> Path:
