@@ -38,15 +38,10 @@ def main(argv=None) -> int:
     from PIL import Image, ImageDraw
 
     from AnonMRILib.sample_data import load_sample_brain_mask, load_sample_head
-    from AnonMRIModuleLib import core, mrml
+    from AnonMRIModuleLib import core, mrml, render3d
 
     scene = slicer.vtkMRMLScene()
-    application_logic = slicer.vtkMRMLApplicationLogic()
-    application_logic.SetMRMLScene(scene)
-    volume_rendering_logic = slicer.vtkSlicerVolumeRenderingLogic()
-    volume_rendering_logic.SetMRMLApplicationLogic(application_logic)
-    volume_rendering_logic.SetMRMLScene(scene)
-    application_logic.SetModuleLogic("VolumeRendering", volume_rendering_logic)
+    application_logic, volume_rendering_logic = render3d.attach_volume_rendering_logic(scene)
 
     head = mrml.add_volume_node(scene, load_sample_head(), "sample head")
     brain = mrml.add_volume_node(scene, load_sample_brain_mask(), "sample brain", labelmap=True)

@@ -204,6 +204,24 @@ class OffscreenThreeDView:
                 self.scene.RemoveNode(node)
 
 
+def attach_volume_rendering_logic(scene):
+    """(application logic, volume-rendering logic) wired to ``scene`` as Slicer's application does.
+
+    Only needed outside Slicer (slicer-core tests, figure scripts); inside Slicer use the module's
+    logic. Detach with ``volume_rendering_logic.SetMRMLScene(None)`` and
+    ``application_logic.SetMRMLScene(None)``.
+    """
+    import slicer
+
+    application_logic = slicer.vtkMRMLApplicationLogic()
+    application_logic.SetMRMLScene(scene)
+    volume_rendering_logic = slicer.vtkSlicerVolumeRenderingLogic()
+    volume_rendering_logic.SetMRMLApplicationLogic(application_logic)
+    volume_rendering_logic.SetMRMLScene(scene)
+    application_logic.SetModuleLogic("VolumeRendering", volume_rendering_logic)
+    return application_logic, volume_rendering_logic
+
+
 def render_face_offscreen(scene, application_logic, volume_rendering_logic, volume_node, view: str = "anterior",
                           size: int = 256, png_path: Optional[str] = None) -> np.ndarray:
     """Volume-render the face of ``volume_node`` offscreen (Slicer's VR logic + displayable manager)."""

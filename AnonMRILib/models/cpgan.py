@@ -31,14 +31,15 @@ Loss       relativistic, non-averaging least-squares GAN (RLSGAN, Jolicoeur-Mart
 All modules take and return (N, C, D, H, W) float tensors, coarsest scale first for pyramids.
 """
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 from .blocks import LEAKY_SLOPE, convolution, inverted_residual_stack
+from .model_card import JSONConfig
 
 #: sizes S the model supports
 SUPPORTED_SIZES = (16, 32, 64, 128)
@@ -55,7 +56,7 @@ def _default_widths(num_blocks: int, finest: int, coarsest: int) -> Tuple[int, .
 
 
 @dataclass(frozen=True)
-class CPGANConfig:
+class CPGANConfig(JSONConfig):
     """Architecture of CP-GAN. Widths/depths are per block, generator coarsest first.
 
     ``size``: S; ``min_size``: s (4); ``generator_channels[k]`` / ``generator_depths[k]``:
@@ -116,22 +117,6 @@ class CPGANConfig:
     def scales(self) -> List[int]:
         """Edge lengths of the pyramid, coarsest first: s, 2s, ..., S."""
         return [self.min_size * 2 ** k for k in range(self.num_blocks)]
-
-    def to_dict(self) -> Dict[str, Any]:
-        data = asdict(self)
-        for key, value in data.items():
-            if isinstance(value, tuple):
-                data[key] = list(value)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "CPGANConfig":
-        known = {f for f in cls.__dataclass_fields__}  # type: ignore[attr-defined]
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown CP-GAN config keys: {sorted(unknown)}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        return cls(**values)
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ tests check it against MONAI. Sample clipping is off because latents are unbound
 standardised by ``latent_shift``/``latent_scale`` before diffusion).
 """
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -33,10 +33,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from .lesion_vae import SelfAttention2d
+from .model_card import JSONConfig
 
 
 @dataclass(frozen=True)
-class LatentDiffusionConfig:
+class LatentDiffusionConfig(JSONConfig):
     """Sizes and schedule of the conditional latent diffusion model.
 
     ``image_size`` is the slice size of the lesion mask (the VAE's), ``latent_size`` =
@@ -59,16 +60,6 @@ class LatentDiffusionConfig:
     def latent_size(self) -> int:
         return self.image_size // 8
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["channels"] = list(self.channels)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "LatentDiffusionConfig":
-        data = dict(data)
-        data["channels"] = tuple(data["channels"])
-        return cls(**data)
 
 
 def sinusoidal_embedding(values: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:

@@ -39,16 +39,18 @@ without saying how either term is normalised; with per-element means a weight of
 posterior on images in [0, 1], so ``kl_weight`` (default 1e-3) is a documented choice.
 ``alpha_v`` follows eq. 14: 16, halved every 10 epochs, never below 1 (:func:`alpha_v_schedule`).
 """
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Dict, Tuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .model_card import JSONConfig
+
 
 @dataclass(frozen=True)
-class LesionVAEConfig:
+class LesionVAEConfig(JSONConfig):
     """Sizes of the two VAEs and the joint decoder.
 
     ``image_size`` is the square slice size in pixels the models are trained at (must be a
@@ -66,16 +68,6 @@ class LesionVAEConfig:
     def latent_size(self) -> int:
         return self.image_size // 8
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["channels"] = list(self.channels)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "LesionVAEConfig":
-        data = dict(data)
-        data["channels"] = tuple(data["channels"])
-        return cls(**data)
 
     @classmethod
     def paper(cls) -> "LesionVAEConfig":

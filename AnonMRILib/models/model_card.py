@@ -5,8 +5,9 @@ training data, metrics and the file's SHA-256). Each model family reads its own 
 checksum and its check live here, once.
 """
 import hashlib
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Union
+from typing import Any, Dict, Union
 
 from ..errors import WeightsError
 
@@ -28,3 +29,21 @@ def verify_sha256(path: PathLike, expected: str, what: str = "weights") -> None:
     if str(expected) != actual:
         raise WeightsError(f"{what} {path} are corrupt or do not belong to their model card "
                            f"(SHA-256 {actual[:12]}... differs from the card's {str(expected)[:12]}...)")
+
+
+class JSONConfig:
+    """``to_dict`` / ``from_dict`` for a config dataclass stored as JSON in a model card.
+
+    Tuples are written as JSON lists and read back as tuples; unknown keys are refused with a
+    ``ValueError`` (a card for another model version must not load silently).
+    """
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]):
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} keys: {sorted(unknown)}")
+        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in data.items()})

@@ -44,12 +44,7 @@ pytestmark = pytest.mark.skipif(not _offscreen_rendering_available(),
 
 @pytest.fixture
 def vr_scene(scene):
-    application_logic = slicer.vtkMRMLApplicationLogic()
-    application_logic.SetMRMLScene(scene)
-    volume_rendering_logic = slicer.vtkSlicerVolumeRenderingLogic()
-    volume_rendering_logic.SetMRMLApplicationLogic(application_logic)
-    volume_rendering_logic.SetMRMLScene(scene)
-    application_logic.SetModuleLogic("VolumeRendering", volume_rendering_logic)
+    application_logic, volume_rendering_logic = render3d.attach_volume_rendering_logic(scene)
     yield scene, application_logic, volume_rendering_logic
     volume_rendering_logic.SetMRMLScene(None)
     application_logic.SetMRMLScene(None)
