@@ -124,6 +124,27 @@ def load_checkpoint(path: Path, model, optimizer, device) -> Dict[str, Any]:
     return meta
 
 
+def resume_state(args: argparse.Namespace, model, optimizer, device) -> Tuple[int, int, list, float]:
+    """(epoch, step, history, elapsed_s) from ``args.out/checkpoint.safetensors`` with ``--resume``,
+    else a fresh start (0, 0, [], 0.0); restores model and optimizer when resuming."""
+    checkpoint_path = args.out / "checkpoint.safetensors"
+    if not (args.resume and checkpoint_path.is_file()):
+        return 0, 0, [], 0.0
+    meta = load_checkpoint(checkpoint_path, model, optimizer, device)
+    print(f"resumed at epoch {meta['epoch']}, step {meta['step']}", flush=True)
+    return meta["epoch"], meta["step"], meta["history"], meta["elapsed_s"]
+
+
+def epoch_batches(count: int, batch_size: int, seed: int, epoch: int, rank: int, world_size: int) -> list:
+    """This rank's full batches of one epoch: a permutation seeded by (seed + epoch), shared by all
+    ranks, cut into ``batch_size`` index tensors and dealt round-robin over the ranks."""
+    import torch
+
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed + epoch))
+    batches = [order[i:i + batch_size] for i in range(0, count - batch_size + 1, batch_size)]
+    return batches[rank::world_size]
+
+
 class WallClock:
     """Remaining-time bookkeeping for ``--time-budget-min``."""
 

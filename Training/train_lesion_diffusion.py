@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lesion_training_common import (WallClock, add_common_arguments, build_config, load_checkpoint,  # noqa: E402
-                                    log_line, reduce_mean, save_checkpoint, setup_distributed, wrap_ddp)
+from lesion_training_common import (WallClock, add_common_arguments, build_config, epoch_batches,  # noqa: E402
+                                    log_line, reduce_mean, resume_state, save_checkpoint, setup_distributed,
+                                    wrap_ddp)
 from train_lesion_vae import load_split  # noqa: E402
 
 
@@ -94,12 +95,8 @@ def main(argv=None) -> int:
     model = ConditionalLatentUNet(model_config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     scheduler = make_ddpm_scheduler(model_config)
-    epoch, step, history, elapsed_before = 0, 0, [], 0.0
     checkpoint_path = args.out / "checkpoint.safetensors"
-    if args.resume and checkpoint_path.is_file():
-        meta = load_checkpoint(checkpoint_path, model, optimizer, device)
-        epoch, step, history, elapsed_before = meta["epoch"], meta["step"], meta["history"], meta["elapsed_s"]
-        print(f"resumed at epoch {epoch}, step {step}", flush=True)
+    epoch, step, history, elapsed_before = resume_state(args, model, optimizer, device)
     trainer = wrap_ddp(model, device, world_size)
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank + 7919 * step)
 
@@ -112,10 +109,8 @@ def main(argv=None) -> int:
     stopped_early = False
     while epoch < config.epochs and not stopped_early:
         model.train()
-        order = torch.randperm(len(latents), generator=torch.Generator().manual_seed(config.seed + epoch))
-        batches = [order[i:i + config.batch_size] for i in range(0, len(order) - config.batch_size + 1, config.batch_size)]
         total, done = 0.0, 0
-        for batch_index in batches[rank::world_size]:
+        for batch_index in epoch_batches(len(latents), config.batch_size, config.seed, epoch, rank, world_size):
             loss = diffusion_loss(trainer, scheduler, latents[batch_index].to(device), grades[batch_index].to(device),
                                   masks[batch_index].to(device), depths[batch_index].to(device),
                                   generator=generator, label_dropout=config.label_dropout)

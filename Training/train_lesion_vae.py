@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lesion_training_common import (WallClock, add_common_arguments, build_config, load_checkpoint,  # noqa: E402
-                                    log_line, reduce_mean, save_checkpoint, setup_distributed, wrap_ddp)
+from lesion_training_common import (WallClock, add_common_arguments, build_config, epoch_batches,  # noqa: E402
+                                    log_line, reduce_mean, resume_state, save_checkpoint, setup_distributed,
+                                    wrap_ddp)
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,8 @@ def main(argv=None) -> int:
     torch.manual_seed(config.seed)
     model = LesionPreservingAutoencoder(model_config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
-    epoch, step, history, elapsed_before = 0, 0, [], 0.0
     checkpoint_path = args.out / "checkpoint.safetensors"
-    if args.resume and checkpoint_path.is_file():
-        meta = load_checkpoint(checkpoint_path, model, optimizer, device)
-        epoch, step, history, elapsed_before = meta["epoch"], meta["step"], meta["history"], meta["elapsed_s"]
-        print(f"resumed at epoch {epoch}, step {step}", flush=True)
+    epoch, step, history, elapsed_before = resume_state(args, model, optimizer, device)
     trainer = wrap_ddp(model, device, world_size)
     images = torch.from_numpy(train.images[:, None])
     masks = torch.from_numpy(train.masks[:, None].astype(np.float32))
@@ -104,10 +101,8 @@ def main(argv=None) -> int:
     while epoch < config.epochs and not stopped_early:
         model.train()
         alpha_v = alpha_v_schedule(epoch, config.alpha_initial, config.halve_every, config.alpha_minimum)
-        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(config.seed + epoch))
-        batches = [order[i:i + config.batch_size] for i in range(0, len(order) - config.batch_size + 1, config.batch_size)]
         sums, done = {}, 0
-        for batch_index in batches[rank::world_size]:
+        for batch_index in epoch_batches(len(images), config.batch_size, config.seed, epoch, rank, world_size):
             x, m = images[batch_index], masks[batch_index]
             if config.horizontal_flip and torch.rand(1, generator=generator).item() < 0.5:
                 x, m = x.flip(-2), m.flip(-2)
