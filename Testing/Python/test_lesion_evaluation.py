@@ -35,7 +35,7 @@ def test_evaluate_lesion_tiny_end_to_end(tmp_path):
     utility = results["utility"]
     assert [row["set"] for row in utility["rows"]] == [
         "real", "anonymized", "mixed (half real + half anonymized)", "half real"]
-    assert utility["segmentation_learning_rate"] == 3e-3
+    assert utility["segmentation_learning_rate"] == evaluate_lesion.SEGMENTATION_LEARNING_RATE
     report = (out / "README.md").read_text()
     assert "Table 7 analogue" in report and "Tables 4 and 5 analogues" in report and "Adam lr 0.003" in report
     assert (out / "anonymity_rates.png").is_file() and (out / "examples.png").is_file()
