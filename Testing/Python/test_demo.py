@@ -43,7 +43,7 @@ def test_demo_head_is_the_sample_and_mask_is_on_its_grid(demo_dir):
 def test_demo_report_has_brain_mask_figures(demo_dir):
     report = json.loads((demo_dir / "demo_report.json").read_text())
     figures = report["brain_mask"]
-    assert figures["backend"] == "deepbet"
+    assert figures["backend"] == "hdbet"
     assert figures["dice_vs_shipped_robex_mask"] >= 0.93
     assert figures["seconds"] > 0 and 1000 < figures["volume_ml"] < 1900
 

@@ -22,7 +22,6 @@ carries over; the networks are :class:`~AnonMRILib.models.linknet3d.LinkNet3d` l
    why the default is 1 mm (deepbet's surface lies ~1-2 mm outside ROBEX's).
 Networks run in float32 on ``device`` (CPU by default; CUDA when asked and available).
 """
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -33,9 +32,8 @@ from ...errors import InputError, WeightsError
 from ...io.volume import Volume
 from ...models.model_card import verify_sha256
 from ...progress import ProgressCallback, report
+from .common import WEIGHTS_DIR, from_ras, largest_component, read_model_card, to_ras
 
-#: folder of the converted deepbet weights and their model card
-WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights" / "brain_extraction"
 CARD_FILE = "deepbet.json"
 
 SMALL_SHAPE = (128, 128, 128)
@@ -104,10 +102,7 @@ def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR) -> Dict[str, "ob
     from ...models.linknet3d import LinkNet3d, LinkNet3dConfig
 
     card_path = Path(weights_dir) / CARD_FILE
-    try:
-        card = json.loads(card_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise WeightsError(f"cannot read the brain-extraction model card {card_path}: {error}") from None
+    card = read_model_card(weights_dir, CARD_FILE)
     config = LinkNet3dConfig(**card.get("config", {}))
     networks = {}
     for role in ("bbox", "brain"):
@@ -125,22 +120,6 @@ def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR) -> Dict[str, "ob
             raise WeightsError(f"brain-extraction weights {path} do not fit LinkNet3d: {error}") from None
         networks[role] = network.eval().to(device if device is not None else torch.device("cpu"))
     return networks
-
-
-def _to_ras(array: np.ndarray, affine: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """``array`` permuted/flipped to the closest RAS axes, and the orientation used (nibabel ornt)."""
-    import nibabel as nib
-
-    orientation = nib.orientations.io_orientation(affine)
-    return nib.orientations.apply_orientation(array, orientation), orientation
-
-
-def _from_ras(array: np.ndarray, orientation: np.ndarray) -> np.ndarray:
-    """Undo :func:`_to_ras`: back to the input's own voxel axes."""
-    import nibabel as nib
-
-    inverse = nib.orientations.ornt_transform(np.array([[0, 1], [1, 1], [2, 1]], dtype=float), orientation)
-    return nib.orientations.apply_orientation(array, inverse)
 
 
 def _normalize(x, low, high):
@@ -164,19 +143,6 @@ def brain_probability(network, x, mirror: bool = False):
         mirrored = network(x.flip(MIRROR_DIM))[:, 1:2].flip(MIRROR_DIM)
         probability = (probability + mirrored) / 2
     return probability
-
-
-def _largest_component(mask: np.ndarray) -> np.ndarray:
-    """Largest face-connected (6-connected) component: stricter than deepbet's cc3d default (26),
-    so the mask is one solid piece even for face-connectivity."""
-    from scipy import ndimage
-
-    labels, count = ndimage.label(mask)
-    if count <= 1:
-        return mask.astype(bool)
-    sizes = np.bincount(labels.ravel())
-    sizes[0] = 0
-    return labels == int(np.argmax(sizes))
 
 
 def _bounding_box(mask_small: np.ndarray, full_shape, margin: float = BBOX_MARGIN) -> Tuple[slice, ...]:
@@ -215,7 +181,7 @@ def shrink_surface(mask: np.ndarray, spacing, margin_mm: float) -> np.ndarray:
     kept = depth > margin_mm + SPACING_TOLERANCE_MM
     if not kept.any():
         return shrunk
-    shrunk[region] = _largest_component(kept)
+    shrunk[region] = largest_component(kept)
     return shrunk
 
 
@@ -230,7 +196,7 @@ def compute_brain_mask(volume: Volume, progress: Optional[ProgressCallback] = No
     networks = networks if networks is not None else load_networks(device)
     device = next(networks["brain"].parameters()).device
     data = np.nan_to_num(np.asarray(volume.array, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
-    data, orientation = _to_ras(data, volume.affine)
+    data, orientation = to_ras(data, volume.affine)
     x = torch.from_numpy(np.ascontiguousarray(data)).to(device)
 
     report(progress, 0.1, "finding the brain's bounding box")
@@ -241,7 +207,7 @@ def compute_brain_mask(volume: Volume, progress: Optional[ProgressCallback] = No
             raise InputError("the image has no intensity contrast; no brain can be found in it")
         probability_small = brain_probability(networks["bbox"], _normalize(x_small, low, high)[None, None],
                                               config.mirror_augmentation)[0, 0]
-    mask_small = _largest_component((probability_small > BBOX_THRESHOLD).cpu().numpy())
+    mask_small = largest_component((probability_small > BBOX_THRESHOLD).cpu().numpy())
     box = _bounding_box(mask_small.astype(np.float32), data.shape)
 
     report(progress, 0.3, "segmenting the brain")
@@ -253,9 +219,9 @@ def compute_brain_mask(volume: Volume, progress: Optional[ProgressCallback] = No
         probability = F.interpolate(probability, tuple(crop.shape), mode="nearest-exact")[0, 0]
     report(progress, 0.85, "cleaning the mask")
     mask = np.zeros(data.shape, dtype=bool)
-    region = _largest_component(probability.cpu().numpy() > config.threshold)
+    region = largest_component(probability.cpu().numpy() > config.threshold)
     mask[box] = ndimage.binary_fill_holes(region)
-    mask = _from_ras(mask, orientation)
+    mask = from_ras(mask, orientation)
     mask = shrink_surface(mask, volume.spacing, config.surface_margin_mm)
     report(progress, 1.0, "brain mask done")
     return np.ascontiguousarray(mask)
