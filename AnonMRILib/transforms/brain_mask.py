@@ -23,6 +23,7 @@ Backends (``BACKENDS``):
   dependency of AnonMRI.
 Every backend's result is checked: uint8 0/1 on the input's own grid and never empty.
 """
+import importlib
 from typing import Callable, Dict, Optional
 
 import numpy as np
@@ -42,18 +43,17 @@ def user_brain_mask(mask: Volume, image: Volume) -> Volume:
     return as_binary_mask(mask, what="brain mask")
 
 
-def _deepbet(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
-    from ..device import resolve_device
-    from .brain_extraction.deepbet import compute_brain_mask
+def _network_backend(module_name: str) -> Callable[[Volume, Optional[ProgressCallback], str], np.ndarray]:
+    """The backend running ``brain_extraction.<module_name>.compute_brain_mask`` on the resolved
+    device; the module (and torch) is imported only when the backend runs."""
 
-    return compute_brain_mask(volume, progress, device=resolve_device(device))
+    def run(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
+        from ..device import resolve_device
 
+        module = importlib.import_module(f"{__package__}.brain_extraction.{module_name}")
+        return module.compute_brain_mask(volume, progress, device=resolve_device(device))
 
-def _hdbet(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
-    from ..device import resolve_device
-    from .brain_extraction.hdbet import compute_brain_mask
-
-    return compute_brain_mask(volume, progress, device=resolve_device(device))
+    return run
 
 
 def _atlas(volume: Volume, progress: Optional[ProgressCallback], device: str) -> np.ndarray:
@@ -76,7 +76,7 @@ def _robex(volume: Volume, progress: Optional[ProgressCallback], device: str) ->
 
 #: backend name -> function(volume, progress, device name) -> bool array on the volume's grid
 _IMPLEMENTATIONS: Dict[str, Callable[[Volume, Optional[ProgressCallback], str], np.ndarray]] = {
-    "hdbet": _hdbet, "deepbet": _deepbet, "atlas": _atlas, "robex": _robex}
+    "hdbet": _network_backend("hdbet"), "deepbet": _network_backend("deepbet"), "atlas": _atlas, "robex": _robex}
 
 
 def brain_mask(volume: Volume, backend: str = "auto", progress: Optional[ProgressCallback] = None,
