@@ -17,6 +17,8 @@ Choices (the paper only says "modified MobileNetV2 convolutions"):
 Tensors are (N, C, D, H, W). Depthwise 3-D convolutions are far faster on CPU in the
 ``torch.channels_last_3d`` memory format; the CP-GAN modules convert their inputs to it.
 """
+from typing import Sequence
+
 import torch
 from torch import nn
 
@@ -29,26 +31,31 @@ def leaky_relu(negative_slope: float = LEAKY_SLOPE) -> tuple:
 
 
 def convolution(in_channels: int, out_channels: int, kernel_size: int = 3, groups: int = 1,
-                activation: bool = True, negative_slope: float = LEAKY_SLOPE) -> nn.Module:
+                activation: bool = True, negative_slope: float = LEAKY_SLOPE, dilation: int = 1) -> nn.Module:
     """A 3-D MONAI convolution ('same' padding, stride 1, no norm), optionally with LeakyReLU."""
     from monai.networks.blocks import Convolution
 
     if activation:
         return Convolution(3, in_channels, out_channels, kernel_size=kernel_size, groups=groups,
-                           act=leaky_relu(negative_slope), norm=None, bias=True)
+                           dilation=dilation, act=leaky_relu(negative_slope), norm=None, bias=True)
     return Convolution(3, in_channels, out_channels, kernel_size=kernel_size, groups=groups,
-                       conv_only=True, bias=True)
+                       dilation=dilation, conv_only=True, bias=True)
 
 
 class InvertedResidual3d(nn.Module):
-    """x + project(depthwise3x3x3(expand(x))): MobileNetV2's inverted residual in 3-D."""
+    """x + project(depthwise3x3x3(expand(x))): MobileNetV2's inverted residual in 3-D.
+
+    ``dilation`` spaces the depthwise taps (DeepLabv3's dilated MobileNetV2): the receptive field
+    grows by ``2 * dilation`` voxels at the same cost.
+    """
 
     def __init__(self, channels: int, expansion: int = 2, negative_slope: float = LEAKY_SLOPE,
-                 residual_init_scale: float = 0.1) -> None:
+                 residual_init_scale: float = 0.1, dilation: int = 1) -> None:
         super().__init__()
         hidden = int(channels) * int(expansion)
         self.expand = convolution(channels, hidden, kernel_size=1, negative_slope=negative_slope)
-        self.depthwise = convolution(hidden, hidden, kernel_size=3, groups=hidden, negative_slope=negative_slope)
+        self.depthwise = convolution(hidden, hidden, kernel_size=3, groups=hidden, negative_slope=negative_slope,
+                                     dilation=int(dilation))
         self.project = convolution(hidden, channels, kernel_size=1, activation=False)
         with torch.no_grad():
             for parameter in self.project.parameters():
@@ -59,8 +66,13 @@ class InvertedResidual3d(nn.Module):
 
 
 def inverted_residual_stack(channels: int, depth: int, expansion: int,
-                            negative_slope: float = LEAKY_SLOPE) -> nn.Module:
-    """``depth`` inverted-residual blocks in sequence (the identity when ``depth`` is 0)."""
+                            negative_slope: float = LEAKY_SLOPE, dilations: Sequence[int] = ()) -> nn.Module:
+    """``depth`` inverted-residual blocks in sequence (the identity when ``depth`` is 0).
+
+    Block ``i`` uses dilation ``dilations[i % len(dilations)]`` (1 when ``dilations`` is empty).
+    """
     if depth <= 0:
         return nn.Identity()
-    return nn.Sequential(*[InvertedResidual3d(channels, expansion, negative_slope) for _ in range(depth)])
+    cycle = tuple(int(d) for d in dilations) or (1,)
+    return nn.Sequential(*[InvertedResidual3d(channels, expansion, negative_slope, dilation=cycle[i % len(cycle)])
+                           for i in range(depth)])

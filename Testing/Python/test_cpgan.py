@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from AnonMRILib.errors import WeightsError  # noqa: E402
 from AnonMRILib.models.cpgan import (CPGANConfig, CPGANDiscriminator, CPGANGenerator,  # noqa: E402
                                      compose_preserving, compose_pyramid, discriminator_loss, generator_loss,
-                                     image_pyramid, mask_to_hull, remodel_region_l1)
+                                     image_pyramid, mask_to_hull, model_grid_coordinates, remodel_region_l1)
 from AnonMRILib.models.cpgan_weights import load_generator, save_generator  # noqa: E402
 from AnonMRILib.transforms.pooling import privacy_pyramid  # noqa: E402
 
@@ -62,6 +62,45 @@ def test_generator_and_discriminator_shapes_per_scale():
     scores = discriminator(compose_pyramid(fake, image_pyramid(gamma[:, 2:3], config.scales), gammas), gammas)
     assert scores.shape == (2,)
     assert torch.isfinite(scores).all()
+
+
+def test_model_grid_coordinates_are_voxel_centres_in_unit_cube():
+    like = torch.zeros(2, 3, 4, 8, 2)
+    grid = model_grid_coordinates(like)
+    assert grid.shape == (2, 3, 4, 8, 2)
+    assert torch.allclose(grid[0, 0, :, 0, 0], torch.tensor([-0.75, -0.25, 0.25, 0.75]))
+    assert torch.allclose(grid[1, 2, 0, 0, :], torch.tensor([-0.5, 0.5]))
+    assert torch.allclose(grid[0, 1, 0, :, 0], -grid[0, 1, 0, :, 0].flip(0))  # symmetric about the centre
+
+
+def test_coordinate_inputs_and_dilations_change_the_generator_blocks():
+    plain = CPGANGenerator(CPGANConfig(**TINY))
+    config = CPGANConfig(**TINY, generator_coordinates=True, generator_position_channels=2,
+                         generator_depths=(2, 3, 1), generator_dilations=(1, 2))
+    assert CPGANConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    generator = CPGANGenerator(config)
+    # the stem reads [previous image, gamma, 3 coordinates, 2 learned position channels]
+    assert generator.blocks[0].stem.conv.in_channels == plain.blocks[0].stem.conv.in_channels + 5 == 9
+    assert [tuple(b.position.shape) for b in generator.blocks] == [(1, 2, s, s, s) for s in config.scales]
+    assert all(not b.position.detach().any() for b in generator.blocks)  # starts as the plain model
+    assert [layer.depthwise.conv.dilation for layer in generator.blocks[1].body] == [(1, 1, 1), (2, 2, 2), (1, 1, 1)]
+    gammas = privacy_pyramid(synthetic_gamma(1, 16), config.scales, generator=torch.Generator().manual_seed(0))
+    fake = generator(gammas, generator=torch.Generator().manual_seed(1))
+    assert [tuple(f.shape) for f in fake] == [(1, 1, s, s, s) for s in config.scales]
+    # what the finest stem reads after the previous image and gamma is the coordinate grid
+    seen = []
+    handle = generator.blocks[-1].stem.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    with torch.no_grad():
+        generator(gammas, generator=torch.Generator().manual_seed(1))
+    handle.remove()
+    assert torch.equal(seen[0][:, 4:7], model_grid_coordinates(gammas[-1]))
+    assert torch.equal(seen[0][:, 1:4], gammas[-1])
+    assert torch.equal(seen[0][:, 7:], generator.blocks[-1].position.detach())
+    # the embedding is learned: the loss reaches it
+    generator(gammas, generator=torch.Generator().manual_seed(1))[-1].square().mean().backward()
+    assert float(generator.blocks[-1].position.grad.abs().sum()) > 0
+    with pytest.raises(ValueError):
+        CPGANConfig(**TINY, generator_dilations=(0,))
 
 
 def test_noise_is_drawn_from_the_given_generator():
