@@ -12,7 +12,11 @@ Stages:
    (paired by gamma), the critic's gradient for D and the generator's gradient for G taken
    from the same pass (simultaneous update; ``backward(inputs=...)`` keeps them apart).
    Optional per-scale L1 term on the remodeled region (``reconstruction_weight``; 0 = the paper's
-   pure adversarial loss). An exponential moving average of G (``ema_decay``) is exported.
+   pure adversarial loss). Optional warm-up (``reconstruction_warmup_steps``): the first steps
+   train G on that L1 term alone, with no discriminator pass (as ESRGAN pretrains its generator
+   on a pixel loss), which on a CPU budget gets G to a plausible head many times faster than
+   adversarial steps; the adversarial game then starts from it. An exponential moving average of
+   G (``ema_decay``) is exported.
 3. **outputs** under ``--out``: ``log.jsonl`` (one JSON line per ``log_every`` steps: losses,
    per-scale L1, critic scores, seconds per step), ``checkpoint.safetensors`` +
    ``checkpoint.json`` (networks, EMA, both optimizers' tensors; scalars and RNG states in JSON)
@@ -79,6 +83,7 @@ class TrainConfig:
     learning_rate: float = 2e-3
     betas: Tuple[float, float] = (0.0, 0.99)
     reconstruction_weight: float = 0.0
+    reconstruction_warmup_steps: int = 0
     ema_decay: float = 0.99
     flip_augmentation: bool = True
     log_every: int = 10
@@ -431,27 +436,35 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
                 gamma, image = random_flip(gamma, image, rng)
             gammas = privacy_pyramid(gamma, scales, generator=rng)
             images = image_pyramid(image, scales)
-            real = mask_to_hull(images, gammas)
             noise = generator.sample_noise(gamma.shape[0], rng, device)
             fake = g_model(gammas, noise=noise)
-            composed = compose_pyramid(fake, images, gammas)
-            n = gamma.shape[0]
-            scores = d_model([torch.cat([r, f]) for r, f in zip(real, composed)],
-                             [torch.cat([g, g]) for g in gammas])
-            real_scores, fake_scores = scores[:n], scores[n:]
-            loss_d = discriminator_loss(real_scores, fake_scores)
-            loss_g_adversarial = generator_loss(real_scores, fake_scores)
             l1 = remodel_region_l1(fake, images, gammas)
-            loss_g = loss_g_adversarial
-            if config.reconstruction_weight > 0:
-                loss_g = loss_g + config.reconstruction_weight * torch.stack(l1).mean()
-            optimizer_d.zero_grad(set_to_none=True)
+            warmup = step < config.reconstruction_warmup_steps
             optimizer_g.zero_grad(set_to_none=True)
-            loss_d.backward(inputs=list(discriminator.parameters()), retain_graph=True)
-            loss_g.backward(inputs=list(generator.parameters()))
-            contiguous_gradients(discriminator)
+            if warmup:  # the pixel loss alone; the discriminator is not run
+                loss_g = torch.stack(l1).mean()
+                loss_g.backward(inputs=list(generator.parameters()))
+                scores = {}
+            else:
+                real = mask_to_hull(images, gammas)
+                composed = compose_pyramid(fake, images, gammas)
+                n = gamma.shape[0]
+                both = d_model([torch.cat([r, f]) for r, f in zip(real, composed)],
+                               [torch.cat([g, g]) for g in gammas])
+                real_scores, fake_scores = both[:n], both[n:]
+                loss_d = discriminator_loss(real_scores, fake_scores)
+                loss_g_adversarial = generator_loss(real_scores, fake_scores)
+                loss_g = loss_g_adversarial
+                if config.reconstruction_weight > 0:
+                    loss_g = loss_g + config.reconstruction_weight * torch.stack(l1).mean()
+                optimizer_d.zero_grad(set_to_none=True)
+                loss_d.backward(inputs=list(discriminator.parameters()), retain_graph=True)
+                loss_g.backward(inputs=list(generator.parameters()))
+                contiguous_gradients(discriminator)
+                optimizer_d.step()
+                scores = {"loss_d": loss_d.item(), "loss_g": loss_g_adversarial.item(),
+                          "score_real": real_scores.mean().item(), "score_fake": fake_scores.mean().item()}
             contiguous_gradients(generator)
-            optimizer_d.step()
             optimizer_g.step()
             with torch.no_grad():
                 decay = config.ema_decay if config.ema_decay > 0 else 0.0
@@ -459,17 +472,17 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
                     p_ema.lerp_(p.detach(), 1.0 - decay)
             step += 1
             step_times.append(time.time() - tick)
-            last = {"step": step, "loss_d": loss_d.item(), "loss_g": loss_g_adversarial.item(),
+            last = {"step": step, "phase": "warmup" if warmup else "adversarial", **scores,
                     "loss_g_total": loss_g.item(),
                     "l1_per_scale": {str(s): v.item() for s, v in zip(scales, l1)},
-                    "score_real": real_scores.mean().item(), "score_fake": fake_scores.mean().item(),
                     "seconds_per_step": float(np.mean(step_times[-config.log_every:])),
                     "elapsed_s": elapsed_before + time.time() - session_start}
             if rank == 0 and (step % config.log_every == 0 or step == 1):
                 with open(log_path, "a", encoding="utf-8") as handle:
                     handle.write(json.dumps(last) + "\n")
-                log(f"step {step}: D {last['loss_d']:.4f} G {last['loss_g']:.4f} "
-                    f"L1@{scales[-1]} {l1[-1].item():.4f} ({last['seconds_per_step']:.2f} s/step)")
+                adversarial = f"D {last['loss_d']:.4f} G {last['loss_g']:.4f} " if scores else "warm-up "
+                log(f"step {step}: {adversarial}L1@{scales[-1]} {l1[-1].item():.4f} "
+                    f"({last['seconds_per_step']:.2f} s/step)")
             if rank == 0 and step % config.checkpoint_every == 0:
                 save_checkpoint(checkpoint_path, step, last["elapsed_s"], generator, discriminator, ema,
                                 optimizer_g, optimizer_d, rng, config)
@@ -504,7 +517,8 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
                 "steps": step, "training_seconds": round(elapsed, 1), "batch_size_per_process": config.batch_size,
                 "processes": world, "device": str(device), "learning_rate": config.learning_rate,
                 "betas": list(config.betas), "optimizer": "AdamP", "loss": "relativistic non-averaging LSGAN",
-                "reconstruction_weight": config.reconstruction_weight, "ema_decay": config.ema_decay,
+                "reconstruction_weight": config.reconstruction_weight,
+                "reconstruction_warmup_steps": config.reconstruction_warmup_steps, "ema_decay": config.ema_decay,
                 "final": last,
             },
             "privacy_transform": dataset.index["privacy"],

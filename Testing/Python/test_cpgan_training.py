@@ -121,3 +121,33 @@ def test_checkpoint_round_trip_restores_optimizer_state(tmp_path):
             assert torch.equal(sa[key]["exp_avg"], sb[key]["exp_avg"])
             assert sa[key]["step"] == sb[key]["step"]
     assert torch.equal(rng.get_state(), fresh_rng.get_state())
+
+
+def test_reconstruction_warmup_trains_only_the_generator(cache, tmp_path):
+    from safetensors.torch import load_file
+
+    from AnonMRILib.models.cpgan import CPGANConfig, CPGANDiscriminator
+
+    out = tmp_path / "warmup"
+    config = tiny_config(heads=[], steps=3, reconstruction_warmup_steps=2, checkpoint_every=2)
+    train_cpgan.train(config, out, cache, device_name="cpu")
+    lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [line["phase"] for line in lines] == ["warmup", "warmup", "adversarial"]
+    assert "loss_d" not in lines[1] and "loss_d" in lines[2]
+    assert lines[0]["loss_g_total"] == pytest.approx(sum(lines[0]["l1_per_scale"].values()) / 4, rel=1e-5)
+
+    # the discriminator of the step-3 checkpoint moved; a warm-up-only run leaves it at its initial weights
+    only_warmup = tmp_path / "only_warmup"
+    train_cpgan.train(tiny_config(heads=[], steps=2, reconstruction_warmup_steps=2), only_warmup, cache,
+                      device_name="cpu")
+    torch.manual_seed(config.seed)
+    model = CPGANConfig(**TINY_MODEL)
+    from AnonMRILib.models.cpgan import CPGANGenerator
+
+    CPGANGenerator(model)  # the training script draws G's initial weights first, then D's
+    initial = CPGANDiscriminator(model).state_dict()
+    for run, moved in ((only_warmup, False), (out, True)):
+        saved = {k[len("discriminator/"):]: v for k, v in load_file(str(run / "checkpoint.safetensors")).items()
+                 if k.startswith("discriminator/")}
+        same = all(torch.equal(saved[k], v) for k, v in initial.items() if k in saved)
+        assert same != moved
