@@ -80,16 +80,8 @@ def face_region(original: Volume, brain: Volume, config: Optional[ScoreConfig] =
     centroid = brain_world.mean(axis=0)
     superior_limit = centroid[2] + config.superior_fraction * float(np.ptp(brain_world[:, 2]))
     inferior_limit = float(brain_world[:, 2].min()) - config.inferior_margin_mm
-    # RAS A and S of every voxel centre, separably: A = a0 i + a1 j + a2 k + t
-    i, j, k = (np.arange(n, dtype=np.float32) for n in original.shape)
-    affine = original.affine
-
-    def axis_coordinate(row: int) -> np.ndarray:
-        return (affine[row, 0] * i[:, None, None] + affine[row, 1] * j[None, :, None]
-                + affine[row, 2] * k[None, None, :] + affine[row, 3]).astype(np.float32)
-
-    anterior = axis_coordinate(1) > centroid[1]
-    superior = axis_coordinate(2)
+    anterior = original.world_axis(1) > centroid[1]
+    superior = original.world_axis(2)
     band = (superior < superior_limit) & (superior > inferior_limit)
     return head & outside_brain & anterior & band
 

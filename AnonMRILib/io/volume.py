@@ -73,6 +73,16 @@ class Volume:
         indices = np.asarray(indices, dtype=np.float64)
         return indices @ self.affine[:3, :3].T + self.affine[:3, 3]
 
+    def world_axis(self, axis: int) -> np.ndarray:
+        """RAS coordinate ``axis`` (0 = R, 1 = A, 2 = S; mm) of every voxel centre, float32, the array's shape.
+
+        Computed separably (A = a0 i + a1 j + a2 k + t), without an (N, 3) index array.
+        """
+        i, j, k = (np.arange(n, dtype=np.float32) for n in self.shape)
+        row = self.affine[int(axis)]
+        return (row[0] * i[:, None, None] + row[1] * j[None, :, None] + row[2] * k[None, None, :]
+                + row[3]).astype(np.float32)
+
     def __repr__(self) -> str:
         spacing = ", ".join(f"{s:.3g}" for s in self.spacing)
         return f"Volume(shape={self.shape}, dtype={self.dtype}, spacing=({spacing}) mm)"

@@ -156,13 +156,27 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
     return output, details
 
 
+def face_hull_region(convex_hull: Volume, brain_mask: Volume) -> np.ndarray:
+    """Voxels inside the convex hull, outside the brain and in front of the brain's centroid (RAS A)."""
+    brain = np.asarray(brain_mask.array) != 0
+    centroid_a = float(brain_mask.world_coordinates(np.argwhere(brain)).mean(axis=0)[1]) if brain.any() else 0.0
+    return (np.asarray(convex_hull.array) != 0) & ~brain & (convex_hull.world_axis(1) > centroid_a)
+
+
 def remodel_scores(original: Volume, remodeled: Volume, brain_mask: Volume, convex_hull: Volume) -> Dict[str, float]:
     """Checks of a remodeling: brain voxels kept (fraction, 1.0 = all bit-exact) and face-region change.
 
     ``face_region_changed_fraction``: fraction of voxels inside the hull and outside the brain
     whose value changed; ``face_region_mean_abs_change``: their mean absolute change divided by
-    the input's 99th percentile (unitless).
+    the input's 99th percentile (unitless). Face shape: in :func:`face_hull_region`, the voxels
+    below the original's skin level (head threshold) are air; a real face leaves air inside its
+    convex hull (around the nose, in the eye sockets, under the nose and chin), a generator that
+    fills the hull does not. ``face_air_fraction_original`` / ``_remodeled``: the air fraction of
+    each; ``face_air_dice``: Dice of the two air sets (where the remodeled face has its concavities
+    compared with where a face has them inside this hull).
     """
+    from ..transforms.head_mask import head_threshold
+
     if not (original.same_grid(remodeled) and original.same_grid(brain_mask) and original.same_grid(convex_hull)):
         raise InputError("original, remodeled, brain mask and hull must share one grid")
     brain = np.asarray(brain_mask.array) != 0
@@ -172,10 +186,17 @@ def remodel_scores(original: Volume, remodeled: Volume, brain_mask: Volume, conv
     region = (np.asarray(convex_hull.array) != 0) & ~brain
     scale = float(np.percentile(before, 99)) or 1.0
     difference = np.abs(after[region].astype(np.float64) - before[region].astype(np.float64))
+    skin_level = head_threshold(before)
+    face = face_hull_region(convex_hull, brain_mask)
+    face_voxels = max(1, int(face.sum()))
+    air_before, air_after = face & (before < skin_level), face & (after < skin_level)
     return {
         "brain_voxels": int(brain.sum()),
         "brain_voxels_preserved_fraction": kept,
         "face_region_voxels": int(region.sum()),
         "face_region_changed_fraction": float(np.mean(difference > 0)) if region.any() else 0.0,
         "face_region_mean_abs_change": float(difference.mean() / scale) if region.any() else 0.0,
+        "face_air_fraction_original": float(air_before.sum() / face_voxels),
+        "face_air_fraction_remodeled": float(air_after.sum() / face_voxels),
+        "face_air_dice": float(2.0 * (air_before & air_after).sum() / max(1, air_before.sum() + air_after.sum())),
     }

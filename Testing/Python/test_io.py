@@ -113,6 +113,14 @@ def test_two_d_empty_and_garbage_files_are_refused(tmp_path):
         load_volume(tmp_path)
 
 
+def test_world_axis_matches_world_coordinates_of_every_voxel(head):
+    small = Volume(np.asarray(head.array)[:5, :6, :7].copy(), head.affine)
+    indices = np.argwhere(np.ones(small.shape, bool))
+    expected = small.world_coordinates(indices)
+    for axis in range(3):
+        assert np.allclose(small.world_axis(axis).ravel(), expected[:, axis], atol=1e-3)
+
+
 def test_simpleitk_lps_geometry_is_converted_to_ras(tmp_path, head):
     path = save_volume(head, tmp_path / "head.nrrd")
     image = sitk.ReadImage(str(path))

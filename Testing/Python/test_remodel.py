@@ -53,6 +53,27 @@ def test_brain_voxels_are_bit_exact_and_the_face_changes(sample, remodeled):
     assert set(details["timings_s"]) >= {"brain_mask", "privacy_transform", "generator", "resample_back"}
 
 
+def test_face_air_scores_tell_a_face_from_a_filled_hull():
+    from AnonMRILib.io import Volume
+
+    affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    shape = (30, 30, 30)  # most of the image is background outside the hull
+    hull = np.zeros(shape, np.uint8)
+    hull[2:18, 2:18, 2:18] = 1
+    brain = np.zeros(shape, np.uint8)
+    brain[6:14, 3:9, 6:14] = 1  # posterior: the face side is +A (j large)
+    face = np.where(hull > 0, 100.0, 0.0).astype(np.float32)
+    face[4:8, 14:18, 4:10] = 0.0  # air pockets inside the hull in front of the brain (eye sockets, under the nose)
+    face[12:16, 15:18, 4:8] = 0.0
+    make = lambda array: Volume(array, affine)  # noqa: E731
+    scores_same = remodel_scores(make(face), make(face.copy()), make(brain), make(hull))
+    assert scores_same["face_air_fraction_original"] == pytest.approx(144 / 2880)  # the two pockets
+    assert scores_same["face_air_dice"] == 1.0
+    filled = np.where(hull > 0, 100.0, 0.0).astype(np.float32)
+    scores_filled = remodel_scores(make(face), make(filled), make(brain), make(hull))
+    assert scores_filled["face_air_fraction_remodeled"] == 0.0 and scores_filled["face_air_dice"] == 0.0
+
+
 def test_same_seed_same_output_other_seed_differs(sample, tiny_weights, remodeled):
     head, mask = sample
     again = remodel_face(head, mask, weights=tiny_weights, device="cpu", seed=0)
