@@ -14,7 +14,14 @@ separately, and the markdown tables/plots are rebuilt from it each time):
   to x_i (lowest MSE to x_i), (3) ``nearest_to_anonymized``: the one most similar to x^_i -- the
   re-identification attacker's best impostor (Yoon et al.'s min over other samples). Choosing the
   nearest x_j *lowers* the score (the impostor is closer), so (3) is the most lenient and a far
-  x_j would be stricter; there is no "strictest" sensible choice, hence all three are reported;
+  x_j would be stricter; there is no "strictest" sensible choice, hence all three are reported.
+  Rows: the method with ``--candidates`` background draws (source repulsion with the pipeline's
+  default typicality filter), with exact lesion voxels, with plain sampling (1 draw), the baselines, and a
+  reference "ideal sampler of this population": a real slice of a random *training* patient at
+  the closest depth with x_i's lesion pasted in (what a perfect generative model of the data,
+  blind to x_i's background, would produce). With the data card beside ``--data`` the failure
+  analysis groups slices by base head (generated patient p is made from head p mod #heads):
+  how often x^ is nearest to x_i's own base head, and the rates by whether x_j shares it;
 * ``utility`` -- Tables 4 and 5: binary tumour segmentation (MONAI UNet (16-32-64), Dice+BCE, Adam lr 3e-3, mIoU = mean of tumour
   and background IoU over test pixels) and grade classification (MONAI ResNet18, 2-D, width 1/4
   for CPU) trained on real / anonymized / mixed (half real + half anonymized, other patients) /
@@ -65,11 +72,73 @@ def choose_others(originals: np.ndarray, candidates, seed: int):
     return {rule: np.array(values) for rule, values in chosen.items()}
 
 
+def population_reference(train, test, seed: int) -> np.ndarray:
+    """An ideal sampler of the population, blind to x_i's background: for each test slice, the slice
+    closest in depth of a random training patient, with the test slice's lesion pixels pasted in."""
+    rng = np.random.default_rng(seed)
+    patients = np.unique(train.patients)
+    by_patient = {p: np.flatnonzero(train.patients == p) for p in patients}
+    out = np.empty_like(test.images)
+    for index in range(len(test)):
+        members = by_patient[patients[rng.integers(len(patients))]]
+        source = train.images[members[np.argmin(np.abs(train.depths[members] - test.depths[index]))]]
+        out[index] = np.where(test.masks[index] > 0, test.images[index], source)
+    return out
+
+
+def base_heads(data_path: Path, patients: np.ndarray):
+    """Base-head index per slice (generated patient p is made from head p mod #heads, see
+    make_synthetic_lesion_slices), from the data card beside the .npz; None without one."""
+    card = Path(data_path).with_suffix(".json")
+    heads = json.loads(card.read_text()).get("heads") if card.is_file() else None
+    return np.asarray(patients) % len(heads) if heads else None
+
+
+def head_analysis(anonymized: np.ndarray, originals: np.ndarray, heads: np.ndarray, candidates, other) -> dict:
+    """Failure analysis by base head for one method: x^'s nearest head (lowest mean MSE to the
+    candidates x_j of each head), how often it is x_i's own, and the rate (random x_j) by group."""
+    from AnonMRILib.evaluation.anonymity import DEFAULT_THRESHOLD_DB, anonymity_score
+
+    passed = np.asarray(anonymity_score(anonymized, originals, originals[other])) <= DEFAULT_THRESHOLD_DB
+    nearest = np.empty(len(anonymized), dtype=int)
+    for index, row in enumerate(candidates):
+        distances = ((originals[row] - anonymized[index]) ** 2).mean(axis=(1, 2))
+        per_head = {h: distances[heads[row] == h].mean() for h in np.unique(heads[row])}
+        nearest[index] = min(per_head, key=per_head.get)
+    own = nearest == heads
+    same_j = heads[other] == heads
+    groups = {"x_j_same_head": same_j, "x_j_other_head": ~same_j, "own_head_drawn_x_j_other_head": own & ~same_j,
+              "other_head_drawn_x_j_other_head": ~own & ~same_j}
+    result = {"nearest_head_is_own": float(own.mean()),
+              "nearest_head_histogram": np.bincount(nearest, minlength=int(heads.max()) + 1).tolist()}
+    for name, members in groups.items():
+        result[f"fraction_{name}"] = float(members.mean())
+        result[f"rate_{name}"] = float(passed[members].mean()) if members.any() else None
+    return result
+
+
+def realism_proxies(anonymized: np.ndarray, originals: np.ndarray, foreground: float = 0.05) -> dict:
+    """Whether a method passes the criterion by shrinking or darkening the brain: per slice, the
+    foreground area (pixels above ``foreground``) and mean foreground intensity of x^ relative to
+    x_i's; medians, and the fraction of slices below 60 % of x_i's area."""
+    def area_and_brightness(images):
+        mask = images > foreground
+        area = mask.sum(axis=(1, 2)).astype(np.float64)
+        return area, (images * mask).sum(axis=(1, 2)) / np.maximum(area, 1.0)
+
+    area, brightness = area_and_brightness(anonymized)
+    area_source, brightness_source = area_and_brightness(originals)
+    area_ratio = area / np.maximum(area_source, 1.0)
+    return {"median_area_ratio": float(np.median(area_ratio)), "fraction_area_below_60": float(np.mean(area_ratio < 0.6)),
+            "median_brightness_ratio": float(np.median(brightness / np.maximum(brightness_source, 1e-6)))}
+
+
 def anonymity_rows(name: str, anonymized: np.ndarray, originals: np.ndarray, candidates, others) -> dict:
     from AnonMRILib.evaluation.anonymity import DEFAULT_THRESHOLD_DB, anonymity_score, is_anonymized
     from AnonMRILib.evaluation.image_metrics import psnr
 
-    row = {"method": name, "mean_psnr_to_original_db": float(np.mean(np.minimum(psnr(anonymized, originals), 100.0)))}
+    row = {"method": name, "mean_psnr_to_original_db": float(np.mean(np.minimum(psnr(anonymized, originals), 100.0))),
+           **realism_proxies(anonymized, originals)}
     nearest_anon = np.array([c[np.argmin(((originals[c] - anonymized[i]) ** 2).mean(axis=(1, 2)))]
                              for i, c in enumerate(candidates)])
     for rule, index in list(others.items()) + [("nearest_to_anonymized", nearest_anon)]:
@@ -178,16 +247,40 @@ def write_report(out: Path, results: dict) -> None:
         lines += ["## Table 7 analogue: anonymity criterion on held-out patients", "",
                   f"{anon['slices']} slices of {anon['patients']} held-out patients; threshold: MSE(x^,x_j)/MSE(x^,x_i) <= "
                   f"0.7/0.3, i.e. 20 log10 ratio <= 7.36 (paper's convention) = 3.68 dB as a standard PSNR difference. "
-                  f"Sampler: {anon['sampler']}, {anon['steps']} steps, seed {anon['seed']}. Paper's goal: 86 %.", "",
+                  f"Sampler: {anon['sampler']}, {anon['steps']} steps, seed {anon['seed']}; ours keeps, of "
+                  f"{anon.get('candidates', 1)} background draws, the typical one least like x_i outside the lesion "
+                  f"(source repulsion, `SourceRepulsionConfig`). Paper's goal: 86 %.", "",
                   "| method | rate (x_j random other patient) | rate (x_j nearest to x_i) | rate (x_j nearest to x^_i) "
-                  "| mean PSNR(x^_i, x_i) dB | median Anony (paper dB, random x_j) |", "|---|---|---|---|---|---|"]
+                  "| mean PSNR(x^_i, x_i) dB | median Anony (paper dB, random x_j) | brain area x^/x_i (median; < 60 %) "
+                  "| brightness x^/x_i (median) |", "|---|---|---|---|---|---|---|---|"]
         for row in anon["rows"]:
             lines.append(f"| {row['method']} | {fmt(row['rate_random'], 1, True)} | {fmt(row['rate_nearest_to_original'], 1, True)} "
                          f"| {fmt(row['rate_nearest_to_anonymized'], 1, True)} | {fmt(row['mean_psnr_to_original_db'])} "
-                         f"| {fmt(row['median_score_random_paper_db'])} |")
+                         f"| {fmt(row['median_score_random_paper_db'])} | {fmt(row.get('median_area_ratio'))}; "
+                         f"{fmt(row.get('fraction_area_below_60'), 1, True)} | {fmt(row.get('median_brightness_ratio'))} |")
+        lines += ["", "Brain area and brightness: foreground (> 0.05) pixel count and mean foreground intensity of x^ "
+                  "relative to x_i; a method that shrinks or darkens the brain moves away from every real slice and "
+                  "passes the criterion without anonymizing anything."]
         lines += ["", f"Lesion latent unchanged (checked on every slice): {anon['lesion_latent_checked']}; "
                   f"lesion voxels bit-exact with exact_lesion: {anon['exact_lesion_bit_exact']}; "
-                  f"lesion-region PSNR of the plain method: {fmt(anon['lesion_region_psnr_db'])} dB.", ""]
+                  f"lesion-region PSNR of ours without exact lesion: {fmt(anon['lesion_region_psnr_db'])} dB.", ""]
+        heads = anon.get("head_analysis")
+        if heads:
+            lines += ["### Failure analysis by base head (random x_j)", "",
+                      "Generated patient p is made from base head p mod 4. x^'s nearest head = the head whose other "
+                      "held-out patients (slice closest in depth) have the lowest mean MSE to x^; a real slice is "
+                      f"nearest to its own head for {fmt(anon.get('real_nearest_head_is_own'), 1, True)} of the slices.", "",
+                      "| method | x^ nearest to x_i's head | nearest-head histogram | rate, x_j same head "
+                      "| rate, x_j other head | x_i's head drawn, x_j other head: share / rate "
+                      "| other head drawn, x_j other head: share / rate |", "|---|---|---|---|---|---|---|"]
+            for name, h in heads.items():
+                lines.append(f"| {name} | {fmt(h['nearest_head_is_own'], 1, True)} | {h['nearest_head_histogram']} "
+                             f"| {fmt(h['rate_x_j_same_head'], 1, True)} | {fmt(h['rate_x_j_other_head'], 1, True)} "
+                             f"| {fmt(h['fraction_own_head_drawn_x_j_other_head'], 1, True)} / "
+                             f"{fmt(h['rate_own_head_drawn_x_j_other_head'], 1, True)} "
+                             f"| {fmt(h['fraction_other_head_drawn_x_j_other_head'], 1, True)} / "
+                             f"{fmt(h['rate_other_head_drawn_x_j_other_head'], 1, True)} |")
+            lines.append("")
     util = results.get("utility")
     if util:
         lines += ["## Tables 4 and 5 analogues: downstream utility (tested on held-out real slices)", "",
@@ -219,7 +312,7 @@ def main(argv=None) -> int:
 
     from AnonMRILib.evaluation.image_metrics import psnr, summarize
     from AnonMRILib.evaluation.slice_baselines import SLICE_BASELINES
-    from AnonMRILib.pipelines.lesion import anonymize_lesion_slices, load_lesion_models
+    from AnonMRILib.pipelines.lesion import SourceRepulsionConfig, anonymize_lesion_slices, load_lesion_models
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
@@ -227,6 +320,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs/evaluation/lesion")
     parser.add_argument("--parts", default="reconstruction,anonymity,utility")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--candidates", type=int, default=SourceRepulsionConfig.candidates,
+                        help="background draws per slice for source repulsion (1 = plain sampling)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--test-fraction", type=float, default=0.2)
@@ -248,6 +343,7 @@ def main(argv=None) -> int:
     parts = set(args.parts.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
+    repulsion = SourceRepulsionConfig(candidates=args.candidates)
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
 
     models = load_lesion_models(args.weights, "cpu")
@@ -276,12 +372,18 @@ def main(argv=None) -> int:
 
     if "anonymity" in parts:
         generated, _ = anonymize_lesion_slices(models, test.images, test.masks, test.grades, test.depths,
-                                               steps=args.steps, seed=args.seed, return_latents=True)
+                                               steps=args.steps, seed=args.seed, return_latents=True,
+                                               repulsion=repulsion)
         exact = np.where(test.masks > 0, test.images, generated)
         candidates = other_patient_candidates(test.depths, test.patients)
         others = choose_others(test.images, candidates, args.seed)
-        rows = [anonymity_rows("latent diffusion (ours)", generated, test.images, candidates, others),
-                anonymity_rows("latent diffusion + exact lesion", exact, test.images, candidates, others)]
+        methods = {"latent diffusion (ours)": generated, "latent diffusion + exact lesion": exact}
+        if args.candidates > 1:
+            methods["latent diffusion, plain sampling (1 draw)"] = anonymize_lesion_slices(
+                models, test.images, test.masks, test.grades, test.depths, steps=args.steps, seed=args.seed,
+                repulsion=SourceRepulsionConfig(candidates=1))
+        methods["reference: random training patient + x_i's lesion"] = population_reference(train, test, args.seed)
+        rows = [anonymity_rows(name, images, test.images, candidates, others) for name, images in methods.items()]
         baseline_images = {}
         for name, function in SLICE_BASELINES.items():
             baseline_images[name] = function(test.images, seed=args.seed)
@@ -290,10 +392,19 @@ def main(argv=None) -> int:
         lesion_psnr = psnr(generated[lesion][None, :, None], test.images[lesion][None, :, None])
         results["anonymity"] = {
             "slices": len(test), "patients": int(len(np.unique(test.patients))), "steps": args.steps, "sampler": "ddim",
-            "seed": args.seed, "rows": rows, "lesion_latent_checked": True,
+            "seed": args.seed, "candidates": args.candidates, "rows": rows, "lesion_latent_checked": True,
             "exact_lesion_bit_exact": bool(np.array_equal(exact[lesion], test.images[lesion])),
             "lesion_region_psnr_db": float(np.atleast_1d(lesion_psnr)[0]),
             "seconds": round(time.time() - start, 1)}
+        heads = base_heads(args.data, test.patients)
+        if heads is not None and len(np.unique(heads)) > 1:
+            results["anonymity"]["head_analysis"] = {
+                name: head_analysis(images, test.images, heads, candidates, others["random"])
+                for name, images in methods.items() if name != "latent diffusion + exact lesion"}
+            results["anonymity"]["real_nearest_head_is_own"] = head_analysis(
+                test.images, test.images, heads, candidates, others["random"])["nearest_head_is_own"]
+        else:
+            results["anonymity"].pop("head_analysis", None)
         print(json.dumps(rows, indent=1), flush=True)
         _plots(args.out, test, generated, exact, baseline_images, rows)
 
@@ -304,7 +415,7 @@ def main(argv=None) -> int:
         half_a, half_b = chosen[: len(chosen) // 2], chosen[len(chosen) // 2:]
         real = train.of_patients(chosen)
         anonymized_images = anonymize_lesion_slices(models, real.images, real.masks, real.grades, real.depths,
-                                                    steps=args.steps, seed=args.seed + 1)
+                                                    steps=args.steps, seed=args.seed + 1, repulsion=repulsion)
         in_a = np.isin(real.patients, half_a)
         sets = {
             "real": (real.images, real.masks, real.grades),
@@ -332,7 +443,7 @@ def main(argv=None) -> int:
                               "seconds": round(time.time() - start, 1)}
 
     if "real_case" in parts:
-        results["real_case"] = real_case(args, models)
+        results["real_case"] = real_case(args, models, repulsion)
 
     results_path.write_text(json.dumps(results, indent=2))
     write_report(args.out, results)
@@ -340,7 +451,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def real_case(args, models) -> dict:
+def real_case(args, models, repulsion) -> dict:
     """Anonymize a real labelled brain (exact lesion) and report the invariants and a figure."""
     from AnonMRILib.io import load_volume
     from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, anonymize_lesions
@@ -355,7 +466,8 @@ def real_case(args, models) -> dict:
         image = image.with_array(np.where(brain, image.array, 0).astype(image.dtype))
         stripped = "ROBEX atlas registered (affine) to the image"
     start = time.time()
-    output = anonymize_lesions(image, label, LesionAnonymizationConfig(steps=args.steps, exact_lesion=True),
+    output = anonymize_lesions(image, label, LesionAnonymizationConfig(steps=args.steps, exact_lesion=True,
+                                                                     repulsion=repulsion),
                                weights=models, seed=args.seed)
     seconds = time.time() - start
     lesion = label.array != 0

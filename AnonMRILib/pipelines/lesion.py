@@ -5,7 +5,19 @@ For every axial slice x with lesion mask M (model resolution S x S):
 1. ``z_lesion`` = the lesion encoder's posterior mean of ``x * M`` (kept, never modified);
 2. ``z_background`` = a latent drawn by the conditional diffusion model given the grade c, the
    mask M and the slice depth D (DDIM with ``steps`` steps by default, or the full DDPM chain);
-3. ``x_hat`` = the joint decoder of ``[z_lesion, z_background]``.
+3. ``x_hat`` = the joint decoder of ``[z_lesion, z_background]``;
+4. source repulsion (:class:`SourceRepulsionConfig`, on by default): steps 2-3 are drawn K times;
+   among the *typical* draws (foreground area and mean foreground intensity close to the medians
+   of the K draws) the one whose non-lesion pixels are least like the input's
+   (:func:`background_dissimilarity`, 1 - correlation) is kept. The diffusion model never sees
+   the input's background, so plain sampling (K = 1) draws, by chance, anatomy of the patient's
+   own kind: on the generated population of four base heads x_hat is nearest to the input's own
+   head for 23 % of the held-out slices, and half of those fail the anonymity criterion when x_j
+   comes from another head (docs/evaluation/lesion). Keeping the draw least like the source is
+   ADS-GAN's identifiability constraint (Yoon et al., the paper's ref. 28, where the criterion
+   comes from) applied at sampling time; the typicality filter keeps it from choosing degenerate
+   draws (a shrunken or dark brain) that are far from every real slice. Only the input slice is
+   used; no other patient is involved. The lesion latent is the same for all draws.
 
 :func:`anonymize_lesions` does this on a :class:`Volume` in its own grid:
 
@@ -32,7 +44,7 @@ An empty lesion mask is refused (``InputError``) unless ``allow_empty_lesion=Tru
 every slice is generated with an empty M (the whole brain is remodeled; nothing is preserved).
 """
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 import numpy as np
 
@@ -40,9 +52,40 @@ from ..errors import InputError, InvariantError
 from ..io.volume import Volume, require_same_grid
 from ..progress import ProgressCallback, report, sub_progress
 
+if TYPE_CHECKING:  # torch is imported lazily (import time on a busy CPU)
+    import torch
+
 GRADE_NAMES = {"LGG": 0, "HGG": 1}
 MODEL_FIELD_OF_VIEW_MM = 240.0
 BRATS_DEPTH_SPAN_MM = 154.0
+
+
+@dataclass(frozen=True)
+class SourceRepulsionConfig:
+    """Source repulsion (module docstring, step 4).
+
+    ``candidates``: background draws per slice (1 = plain sampling; time grows linearly with it).
+    A draw is typical when its foreground area (pixels above ``foreground``, model intensities in
+    [0, 1]) and mean foreground intensity are within ``area_tolerance`` and
+    ``brightness_tolerance`` (fractions) of the medians over the slice's draws; the typical draw
+    with the largest :func:`background_dissimilarity` to the input is kept (the first draw if none is).
+
+    Defaults chosen on a validation split of 40 *training* patients (never the held-out ones), as
+    the setting with the highest anonymity rate whose kept draws are as realistic as plain
+    sampling's (median brain area relative to the input within 10 % of plain sampling's, median
+    brightness within 0.03, no more slices below 60 % of the input's area). Shipped 64x64 models,
+    DDIM 10 steps: plain sampling 71.0 %; these defaults 76.3 % (area 0.90 vs 0.97 of the input's,
+    brightness 0.79 vs 0.81, slices below 60 % area 3.1 % vs 6.3 %). Without the typicality filter,
+    keeping the draw with the largest MSE to the input reached 92.7 %, but 26 % of the kept slices
+    had lost over 40 % of the brain's area -- a shrunken, darkened image is far from everyone and
+    passes the criterion without anonymizing anything; hence the filter and the brightness-blind
+    correlation distance.
+    """
+
+    candidates: int = 16
+    area_tolerance: float = 0.15
+    brightness_tolerance: float = 0.10
+    foreground: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -50,13 +93,14 @@ class LesionAnonymizationConfig:
     """Options of :func:`anonymize_lesions`.
 
     ``steps``: DDIM steps (the fast sampler); ``sampler``: ``"ddim"`` or ``"ddpm"`` (full T-step
-    chain, slow); ``grade``: ``"LGG"``, ``"HGG"`` or None (unknown); ``feather_px``: width in
-    input voxels of the blend band outside the lesion with ``exact_lesion``; ``batch_size``:
-    slices per network call.
+    chain, slow); ``repulsion``: :class:`SourceRepulsionConfig` (``candidates=1`` = plain sampling);
+    ``grade``: ``"LGG"``, ``"HGG"`` or None (unknown); ``feather_px``: width in input voxels of
+    the blend band outside the lesion with ``exact_lesion``; ``batch_size``: slices per network call.
     """
 
     steps: int = 10
     sampler: str = "ddim"
+    repulsion: SourceRepulsionConfig = SourceRepulsionConfig()
     exact_lesion: bool = False
     grade: Optional[str] = None
     feather_px: int = 2
@@ -108,19 +152,69 @@ def grade_index(grade: Optional[Union[str, int]], num_classes: int) -> int:
     return int(grade)
 
 
+def background_dissimilarity(candidate: "torch.Tensor", source: "torch.Tensor",
+                              lesion_mask: "torch.Tensor") -> "torch.Tensor":
+    """1 - Pearson correlation between ``candidate`` and ``source`` over the pixels outside
+    ``lesion_mask``, per slice: tensors (B, 1, S, S) -> (B,) in [0, 2]. Blind to overall brightness
+    and contrast (a darker copy of the source is not "far" from it) and to the lesion, which is kept
+    on purpose; a constant image (or a slice that is all lesion) gets 1."""
+    outside = 1.0 - lesion_mask
+    count = outside.sum(dim=(1, 2, 3), keepdim=True).clamp_min(1.0)
+    a = (candidate - (candidate * outside).sum(dim=(1, 2, 3), keepdim=True) / count) * outside
+    b = (source - (source * outside).sum(dim=(1, 2, 3), keepdim=True) / count) * outside
+    covariance = (a * b).sum(dim=(1, 2, 3))
+    norm = ((a ** 2).sum(dim=(1, 2, 3)) * (b ** 2).sum(dim=(1, 2, 3))).sqrt()
+    return 1.0 - covariance / norm.clamp_min(1e-12)
+
+
+def typical_draws(draws: "torch.Tensor", config: SourceRepulsionConfig) -> "torch.Tensor":
+    """(K, B, 1, S, S) draws -> (K, B) bool: foreground area and mean foreground intensity within the
+    config's tolerances of the medians over the K draws of each slice (torch's lower median)."""
+    import torch
+
+    foreground = draws > config.foreground
+    area = foreground.sum(dim=(2, 3, 4)).float()
+    brightness = (draws * foreground).sum(dim=(2, 3, 4)) / area.clamp_min(1.0)
+    typical = torch.ones_like(area, dtype=torch.bool)
+    for values, tolerance in ((area, config.area_tolerance), (brightness, config.brightness_tolerance)):
+        median = values.median(dim=0).values
+        typical &= (values - median).abs() <= tolerance * median
+    return typical
+
+
+def repelled_choice(draws: "torch.Tensor", source: "torch.Tensor", lesion_mask: "torch.Tensor",
+                    config: SourceRepulsionConfig) -> "torch.Tensor":
+    """Index (B,) of the kept draw: the typical draw (:func:`typical_draws`) farthest from ``source``
+    outside the lesion (:func:`background_dissimilarity`); the first draw where none is typical.
+    ``draws`` (K, B, 1, S, S); ``source``, ``lesion_mask`` (B, 1, S, S)."""
+    import torch
+
+    distances = torch.stack([background_dissimilarity(draw, source, lesion_mask) for draw in draws])
+    typical = typical_draws(draws, config)
+    choice = torch.where(typical, distances, torch.full_like(distances, -1.0)).argmax(dim=0)
+    return torch.where(typical.any(dim=0), choice, torch.zeros_like(choice))
+
+
 def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.ndarray, grades: np.ndarray,
                             depths: np.ndarray, steps: int = 10, sampler: str = "ddim", seed: int = 0,
                             batch_size: int = 64, progress: Optional[ProgressCallback] = None,
-                            return_latents: bool = False):
+                            return_latents: bool = False, repulsion: Optional[SourceRepulsionConfig] = None):
     """Anonymize model-size slices: images (N, S, S) in [0, 1], masks (N, S, S) {0, 1}, grades (N,)
     class indices (``num_classes`` = unknown), depths (N,) in [0, 1] -> (N, S, S) float32 in [0, 1].
 
-    Checks the lesion-latent invariant (see the module docstring). Deterministic in ``seed``.
+    ``repulsion`` (default :class:`SourceRepulsionConfig`) draws several backgrounds per slice and
+    keeps :func:`repelled_choice`. Checks the lesion-latent invariant (see the module docstring).
+    Deterministic in ``seed``; with ``candidates=1`` (plain sampling) the draw is the first of any
+    larger ``candidates`` with the same seed and batch size.
     """
     import torch
 
     from ..models.latent_diffusion import sample_latents
 
+    repulsion = repulsion or SourceRepulsionConfig()
+    candidates = repulsion.candidates
+    if candidates < 1:
+        raise InputError(f"candidates must be at least 1, got {candidates}")
     autoencoder, diffusion, device = models.autoencoder, models.diffusion, models.device
     autoencoder.eval()
     diffusion.eval()
@@ -136,11 +230,16 @@ def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.
         with torch.no_grad():
             z_lesion, _ = autoencoder.encode_lesion(x, m)
             z_lesion_stored = z_lesion.clone()
-            part = sub_progress(progress, start / count, stop / count)
-            z_background = sample_latents(diffusion, c, m, d, steps=steps, sampler=sampler, generator=generator,
-                                          progress=part)
-            z_background = z_background * models.latent_scale + models.latent_shift
-            x_hat = autoencoder.decode_joint(z_lesion, z_background).clamp(0.0, 1.0)
+            draws = []
+            for draw in range(candidates):
+                share = (stop - start) / count / candidates
+                part = sub_progress(progress, start / count + draw * share, start / count + (draw + 1) * share)
+                z_background = sample_latents(diffusion, c, m, d, steps=steps, sampler=sampler, generator=generator,
+                                              progress=part)
+                z_background = z_background * models.latent_scale + models.latent_shift
+                draws.append(autoencoder.decode_joint(z_lesion, z_background).clamp(0.0, 1.0))
+            draws = torch.stack(draws)
+            x_hat = draws[repelled_choice(draws, x, m, repulsion), torch.arange(len(x))]
             z_lesion_again, _ = autoencoder.encode_lesion(x, m)
         if not torch.equal(z_lesion, z_lesion_stored):
             raise InvariantError("the lesion latent was modified during generation")
@@ -263,6 +362,8 @@ def anonymize_lesions(volume: Volume, lesion_mask: Volume, config: Optional[Lesi
     lesion_input = lesion_voxels(lesion_mask, config.allow_empty_lesion)
     if config.steps < 1 or config.steps > 1000:
         raise InputError(f"steps must be between 1 and 1000, got {config.steps}")
+    if config.repulsion.candidates < 1:
+        raise InputError(f"candidates must be at least 1, got {config.repulsion.candidates}")
     models = weights if isinstance(weights, LesionModels) else load_lesion_models(weights, device)
     report(progress, 0.0, "preparing slices")
     size = models.image_size
@@ -290,7 +391,8 @@ def anonymize_lesions(volume: Volume, lesion_mask: Volume, config: Optional[Lesi
     grades = np.full(len(slices), grade_index(config.grade, models.diffusion.config.num_classes))
     generated = anonymize_lesion_slices(models, model_images, model_masks.astype(np.uint8), grades, depths,
                                         steps=config.steps, sampler=config.sampler, seed=seed,
-                                        batch_size=config.batch_size, progress=sub_progress(progress, 0.05, 0.95))
+                                        batch_size=config.batch_size, progress=sub_progress(progress, 0.05, 0.95),
+                                        repulsion=config.repulsion)
     report(progress, 0.95, "writing slices back")
     back = slices_from_model(generated, spacing[:2], center[:2], image.shape[:2])
     result = image.astype(np.float64).copy()

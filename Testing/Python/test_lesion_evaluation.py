@@ -17,17 +17,29 @@ def test_evaluate_lesion_tiny_end_to_end(tmp_path):
 
     data, weights, out = tmp_path / "slices.npz", tmp_path / "weights", tmp_path / "report"
     tiny_data(data)
+    data.with_suffix(".json").write_text(json.dumps({"heads": ["a", "b", "c", "d"]}))  # data card: 4 base heads
     weights.mkdir()
     save_tiny_weights(weights)
     assert evaluate_lesion.main([
-        "--data", str(data), "--weights", str(weights), "--out", str(out), "--steps", "2",
+        "--data", str(data), "--weights", str(weights), "--out", str(out), "--steps", "2", "--candidates", "3",
         "--parts", "reconstruction,anonymity,utility", "--utility-patients", "4",
         "--segmentation-steps", "2", "--classification-steps", "2", "--threads", "1"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["setup"]["test_patients"] >= 1 and results["setup"]["train_patients"] >= 4
     assert set(results["reconstruction"]) >= {"background", "lesion", "whole"}
     rows = {row["method"]: row for row in results["anonymity"]["rows"]}
-    assert {"latent diffusion (ours)", "latent diffusion + exact lesion", "gaussian_blur", "noise_0.5"} <= set(rows)
+    assert {"latent diffusion (ours)", "latent diffusion + exact lesion", "latent diffusion, plain sampling (1 draw)",
+            "reference: random training patient + x_i's lesion", "gaussian_blur", "noise_0.5"} <= set(rows)
+    assert results["anonymity"]["candidates"] == 3
+    for row in rows.values():
+        assert row["median_area_ratio"] >= 0.0 and 0.0 <= row["fraction_area_below_60"] <= 1.0
+    assert rows["horizontal_flip"]["median_area_ratio"] == 1.0 and rows["horizontal_flip"]["median_brightness_ratio"] == 1.0
+    heads = results["anonymity"]["head_analysis"]
+    assert set(heads) == set(rows) - {"latent diffusion + exact lesion", "gaussian_blur", "horizontal_flip",
+                                      "crop_resize", "noise_0.1", "noise_0.5"}
+    for analysis in heads.values():
+        assert 0.0 <= analysis["nearest_head_is_own"] <= 1.0 and len(analysis["nearest_head_histogram"]) == 4
+        assert analysis["fraction_x_j_same_head"] + analysis["fraction_x_j_other_head"] == 1.0
     for row in rows.values():
         for rule in ("random", "nearest_to_original", "nearest_to_anonymized"):
             assert 0.0 <= row[f"rate_{rule}"] <= 1.0
@@ -38,7 +50,24 @@ def test_evaluate_lesion_tiny_end_to_end(tmp_path):
     assert utility["segmentation_learning_rate"] == evaluate_lesion.SEGMENTATION_LEARNING_RATE
     report = (out / "README.md").read_text()
     assert "Table 7 analogue" in report and "Tables 4 and 5 analogues" in report and "Adam lr 0.003" in report
+    assert "of 3 background draws, the typical one least like x_i" in report and "Failure analysis by base head" in report
     assert (out / "anonymity_rates.png").is_file() and (out / "examples.png").is_file()
+
+
+def test_population_reference_pastes_the_lesion_into_a_training_patients_slice():
+    import evaluate_lesion
+
+    from AnonMRILib.datasets.slices import LesionSliceSet
+
+    train = LesionSliceSet(np.stack([np.full((4, 4), v, np.float32) for v in (0.1, 0.2, 0.3, 0.4)]),
+                           np.zeros((4, 4, 4), bool), np.zeros(4, int), np.array([0.1, 0.9, 0.1, 0.9]),
+                           np.array([0, 0, 1, 1]))
+    mask = np.zeros((1, 4, 4), bool)
+    mask[0, 1, 1] = True
+    test = LesionSliceSet(np.ones((1, 4, 4), np.float32), mask, np.zeros(1, int), np.array([0.8]), np.array([5]))
+    out = evaluate_lesion.population_reference(train, test, seed=0)
+    assert out[0, 1, 1] == 1.0  # the test slice's lesion
+    assert set(np.unique(out[0][~mask[0]]).tolist()) <= {np.float32(0.2), np.float32(0.4)}  # a deep training slice
 
 
 def test_segmentation_utility_model_learns_a_separable_lesion():

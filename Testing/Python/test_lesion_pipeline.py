@@ -5,8 +5,9 @@ import pytest
 from AnonMRILib.errors import InputError, InvariantError
 from AnonMRILib.io import Volume, load_volume, save_volume
 from AnonMRILib.pipelines.lesion import (LesionAnonymizationConfig, anonymize_lesion_slices, anonymize_lesions,
-                                         axial_layout, feather_weights, from_ras_layout, slices_from_model,
-                                         slices_to_model, to_ras_layout)
+                                         SourceRepulsionConfig, axial_layout, background_dissimilarity, feather_weights,
+                                         from_ras_layout, repelled_choice, slices_from_model, slices_to_model,
+                                         to_ras_layout, typical_draws)
 from lesion_fixtures import TINY_SIZE, brain_with_lesion, save_tiny_weights, tiny_models
 
 FAST = LesionAnonymizationConfig(steps=2)
@@ -30,6 +31,87 @@ def test_lesion_latent_is_the_encoders_and_output_in_range(models):
         expected, _ = models.autoencoder.lesion_encoder(torch.from_numpy(images * masks)[:, None])
     assert np.array_equal(latents, expected.numpy())
     assert out.shape == images.shape and out.min() >= 0 and out.max() <= 1
+
+
+def test_background_dissimilarity_ignores_brightness_and_the_lesion():
+    import torch
+
+    source = torch.rand(3, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(3, 1, 6, 6)
+    mask[:, :, :2] = 1.0  # top third is lesion
+    candidate = 0.5 * source + 0.1  # darker, lower-contrast copy: not dissimilar
+    candidate[1, :, :2] = torch.rand(1, 2, 6, generator=torch.Generator().manual_seed(1))  # differs inside the lesion only
+    candidate[2] = 1.0 - source[2]  # inverted outside the lesion: maximally dissimilar
+    assert background_dissimilarity(candidate, source, mask).tolist() == pytest.approx([0.0, 0.0, 2.0], abs=1e-5)
+
+
+def _draws(specs):
+    """(K, 1, 1, 8, 8) draws from (foreground pixels, intensity) pairs; the source is all zero."""
+    import torch
+
+    draws = torch.zeros(len(specs), 1, 1, 8, 8)
+    for index, (pixels, value) in enumerate(specs):
+        draws[index, 0, 0].view(-1)[:pixels] = value
+    return draws
+
+
+def test_typical_draws_reject_shrunken_and_darkened_draws():
+    config = SourceRepulsionConfig(candidates=5, area_tolerance=0.15, brightness_tolerance=0.10)
+    draws = _draws([(40, 0.5), (42, 0.52), (20, 0.5), (40, 0.2), (38, 0.48)])
+    assert typical_draws(draws, config)[:, 0].tolist() == [True, True, False, False, True]
+
+
+def test_repelled_choice_is_the_typical_draw_farthest_from_the_source():
+    import torch
+
+    config = SourceRepulsionConfig(candidates=5)
+    source, lesion = torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, 8)
+    source[0, 0].view(-1)[:30] = 1.0  # the source's "brain" is the first 30 pixels
+    # draw 3 is the most dissimilar but atypical (larger, brighter), draw 2 is shrunken (and identical
+    # to the source); of the typical draws 0, 1 and 4, draw 1 reaches farthest beyond the source's brain
+    draws = _draws([(40, 0.5), (42, 0.5), (30, 0.5), (60, 0.9), (38, 0.5)])
+    assert repelled_choice(draws, source, lesion, config).tolist() == [1]
+    lesion[0, 0].view(-1)[38:42] = 1.0  # the pixels where draws 0 and 1 differ from draw 4 are lesion: a tie
+    assert repelled_choice(draws, source, lesion, config).tolist() == [0]
+    no_typical = SourceRepulsionConfig(candidates=5, area_tolerance=0.0, brightness_tolerance=0.0)
+    spread = _draws([(10, 0.5), (20, 0.6), (30, 0.7), (40, 0.8), (50, 0.9)])
+    assert typical_draws(spread, no_typical)[:, 0].tolist() == [False, False, True, False, False]
+    mismatched = _draws([(10, 0.5), (20, 0.9), (40, 0.6), (50, 0.8)])  # median area and brightness: different draws
+    assert not typical_draws(mismatched, no_typical).any()
+    assert repelled_choice(mismatched, source, torch.zeros_like(lesion), no_typical).tolist() == [0]
+
+
+def test_source_repulsion_end_to_end(models):
+    """The first of K draws is plain sampling's: with every draw typical the kept one is at least as
+    dissimilar to the source (more on some slice); with none typical it is plain sampling's."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    images = rng.random((6, TINY_SIZE, TINY_SIZE)).astype(np.float32)
+    masks = np.zeros_like(images, np.uint8)
+    masks[:, 8:14, 8:14] = 1
+    grades, depths = np.zeros(6, int), np.linspace(0.2, 0.8, 6)
+
+    def run(**repulsion):
+        return anonymize_lesion_slices(models, images, masks, grades, depths, steps=2, seed=7,
+                                       repulsion=SourceRepulsionConfig(**repulsion))
+
+    def distance(out):
+        as_tensor = lambda a: torch.from_numpy(np.asarray(a, np.float32))[:, None]  # noqa: E731
+        return background_dissimilarity(as_tensor(out), as_tensor(images), as_tensor(masks)).numpy()
+
+    plain = run(candidates=1)
+    all_typical = dict(candidates=4, foreground=2.0)  # no foreground anywhere: every draw is typical
+    repelled = run(**all_typical)
+    assert np.array_equal(repelled, run(**all_typical))
+    assert np.all(distance(repelled) >= distance(plain)) and np.any(distance(repelled) > distance(plain))
+    assert np.array_equal(plain, run(candidates=4, foreground=-1.0, area_tolerance=-1.0))  # none typical
+    with pytest.raises(InputError, match="candidates"):
+        run(candidates=0)
+    volume, lesion = brain_with_lesion()
+    with pytest.raises(InputError, match="candidates"):
+        anonymize_lesions(volume, lesion, LesionAnonymizationConfig(steps=1, repulsion=SourceRepulsionConfig(0)),
+                          weights=models)
 
 
 def test_modified_lesion_latent_is_detected(models, monkeypatch):
