@@ -7,6 +7,7 @@ anything is written). LESION_MASK is a labelmap on the input's grid in any reada
 nonzero label is lesion. An empty mask is refused unless ``--allow-empty-lesion`` is given.
 """
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from .common import add_device_argument, add_input_argument, add_quiet_argument, add_series_uid_argument, load_input
@@ -27,6 +28,9 @@ def add_parser(subparsers) -> None:
                         help="copy lesion voxels from the input bit for bit (2-voxel feathered blend outside it)")
     parser.add_argument("--steps", type=int, default=10, help="DDIM sampling steps (default 10)")
     parser.add_argument("--full-ddpm", action="store_true", help="use the full 1000-step DDPM chain (slow)")
+    parser.add_argument("--candidates", type=int, default=None, metavar="K",
+                        help="background draws per slice for source repulsion (default 16; 1 = plain sampling; "
+                             "time grows linearly)")
     parser.add_argument("--grade", choices=("LGG", "HGG"), default=None,
                         help="tumour grade to condition on (default: unknown)")
     parser.add_argument("--weights", type=Path, default=None, metavar="FOLDER",
@@ -46,7 +50,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.errors import InputError
     from AnonMRILib.io import check_output_path, load_volume, save_volume
-    from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, anonymize_lesions
+    from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, SourceRepulsionConfig, anonymize_lesions
     from AnonMRILib.progress import TqdmProgress
 
     inputs = [args.input, args.lesion_mask, args.weights]
@@ -59,10 +63,15 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    repulsion = SourceRepulsionConfig()
+    if args.candidates is not None:
+        if args.candidates < 1:
+            raise InputError(f"--candidates must be at least 1, got {args.candidates}")
+        repulsion = replace(repulsion, candidates=args.candidates)
     volume = load_input(args)
     lesion_mask = load_volume(args.lesion_mask)
     config = LesionAnonymizationConfig(steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",
-                                       exact_lesion=args.exact_lesion, grade=args.grade,
+                                       repulsion=repulsion, exact_lesion=args.exact_lesion, grade=args.grade,
                                        allow_empty_lesion=args.allow_empty_lesion)
     with TqdmProgress("lesion", disable=args.quiet) as progress:
         output = anonymize_lesions(volume, lesion_mask, config, weights=args.weights, device=args.device,

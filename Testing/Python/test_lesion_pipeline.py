@@ -209,6 +209,10 @@ def test_cli_end_to_end_and_bad_inputs_exit_2(tmp_path, capsys):
     assert not np.array_equal(out.array, volume.array)
     assert main(["lesion", *args, str(tmp_path / "again.nii.gz"), "--exact-lesion", "--seed", "3", *common]) == 0
     assert np.array_equal(load_volume(tmp_path / "again.nii.gz").array, out.array)
+    # --candidates 1 is plain sampling: a different kept draw than source repulsion's 16
+    assert main(["lesion", *args, str(tmp_path / "plain.nii.gz"), "--exact-lesion", "--seed", "3",
+                 "--candidates", "1", *common]) == 0
+    assert not np.array_equal(load_volume(tmp_path / "plain.nii.gz").array, out.array)
 
     save_volume(lesion.with_array(np.zeros_like(lesion.array)), tmp_path / "empty.nii.gz")
     bad_cases = [
@@ -216,12 +220,13 @@ def test_cli_end_to_end_and_bad_inputs_exit_2(tmp_path, capsys):
         [*args, str(tmp_path / "x2.nii.gz"), "--weights", str(tmp_path / "missing"), "--quiet"],
         [*args, str(tmp_path / "x3.nii.gz"), *common[:2], "--steps", "0", "--quiet"],
         [*args, str(tmp_path / "in.nii.gz"), *common],
+        [*args, str(tmp_path / "x6.nii.gz"), "--candidates", "0", *common],
         [str(tmp_path / "nothing.nii.gz"), args[1], str(tmp_path / "x4.nii.gz"), *common],
     ]
     for bad in bad_cases:
         capsys.readouterr()
         assert main(["lesion", *bad]) == 2, bad
         assert "error" in capsys.readouterr().err
-    assert not any((tmp_path / f"x{i}.nii.gz").exists() for i in range(1, 5))
+    assert not any((tmp_path / f"x{i}.nii.gz").exists() for i in (1, 2, 3, 4, 6))
     assert main(["lesion", str(tmp_path / "in.nii.gz"), str(tmp_path / "empty.nii.gz"), str(tmp_path / "x5.nii.gz"),
                  "--allow-empty-lesion", *common]) == 0
