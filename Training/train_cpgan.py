@@ -15,8 +15,9 @@ Stages:
    pure adversarial loss). Optional warm-up (``reconstruction_warmup_steps``): the first steps
    train G on that L1 term alone, with no discriminator pass (as ESRGAN pretrains its generator
    on a pixel loss), which on a CPU budget gets G to a plausible head many times faster than
-   adversarial steps; the adversarial game then starts from it. An exponential moving average of
-   G (``ema_decay``) is exported.
+   adversarial steps; the adversarial game then starts from it, at ``adversarial_learning_rate``
+   (default: ``learning_rate``; ESRGAN likewise fine-tunes adversarially at a lower rate than its
+   pixel-loss pretraining). An exponential moving average of G (``ema_decay``) is exported.
 3. **outputs** under ``--out``: ``log.jsonl`` (one JSON line per ``log_every`` steps: losses,
    per-scale L1, critic scores, seconds per step), ``checkpoint.safetensors`` +
    ``checkpoint.json`` (networks, EMA, both optimizers' tensors; scalars and RNG states in JSON)
@@ -81,6 +82,7 @@ class TrainConfig:
     steps: int = 2000
     batch_size: int = 2
     learning_rate: float = 2e-3
+    adversarial_learning_rate: Optional[float] = None
     betas: Tuple[float, float] = (0.0, 0.99)
     reconstruction_weight: float = 0.0
     reconstruction_warmup_steps: int = 0
@@ -334,6 +336,19 @@ def make_optimizer(parameters, config: TrainConfig):
     return AdamP(parameters, lr=config.learning_rate, betas=tuple(float(b) for b in config.betas))
 
 
+def phase_learning_rate(config: TrainConfig, warmup: bool) -> float:
+    """The config's learning rate of the current phase (it also applies on resume)."""
+    if warmup or config.adversarial_learning_rate is None:
+        return float(config.learning_rate)
+    return float(config.adversarial_learning_rate)
+
+
+def set_learning_rate(optimizers, learning_rate: float) -> None:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
+
+
 def contiguous_gradients(module) -> None:
     """AdamP views gradients as (out, -1): make channels-last conv gradients contiguous."""
     for parameter in module.parameters():
@@ -396,9 +411,6 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
         step, elapsed_before = load_checkpoint(checkpoint_path, generator, discriminator, ema, optimizer_g,
                                                optimizer_d, rng)
         rng.manual_seed(config.seed * 1000 + rank + 7919 * step)  # a fresh, reproducible stream per rank
-        for optimizer in (optimizer_g, optimizer_d):  # the config's learning rate applies on resume
-            for group in optimizer.param_groups:
-                group["lr"] = config.learning_rate
         log(f"resumed from step {step}")
     g_model, d_model = generator, discriminator
     if world > 1:
@@ -440,6 +452,7 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
             fake = g_model(gammas, noise=noise)
             l1 = remodel_region_l1(fake, images, gammas)
             warmup = step < config.reconstruction_warmup_steps
+            set_learning_rate((optimizer_g, optimizer_d), phase_learning_rate(config, warmup))
             optimizer_g.zero_grad(set_to_none=True)
             if warmup:  # the pixel loss alone; the discriminator is not run
                 loss_g = torch.stack(l1).mean()
@@ -473,6 +486,7 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
             step += 1
             step_times.append(time.time() - tick)
             last = {"step": step, "phase": "warmup" if warmup else "adversarial", **scores,
+                    "learning_rate": optimizer_g.param_groups[0]["lr"],
                     "loss_g_total": loss_g.item(),
                     "l1_per_scale": {str(s): v.item() for s, v in zip(scales, l1)},
                     "seconds_per_step": float(np.mean(step_times[-config.log_every:])),
@@ -516,6 +530,7 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
             "training": {
                 "steps": step, "training_seconds": round(elapsed, 1), "batch_size_per_process": config.batch_size,
                 "processes": world, "device": str(device), "learning_rate": config.learning_rate,
+                "adversarial_learning_rate": phase_learning_rate(config, warmup=False),
                 "betas": list(config.betas), "optimizer": "AdamP", "loss": "relativistic non-averaging LSGAN",
                 "reconstruction_weight": config.reconstruction_weight,
                 "reconstruction_warmup_steps": config.reconstruction_warmup_steps, "ema_decay": config.ema_decay,
@@ -556,6 +571,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--reconstruction-weight", type=float, default=None)
     parser.add_argument("--learning-rate", type=float, default=None,
                         help="AdamP learning rate (default 2e-3; also applies when resuming)")
+    parser.add_argument("--adversarial-learning-rate", type=float, default=None,
+                        help="learning rate after the reconstruction warm-up (default: --learning-rate)")
     parser.add_argument("--sample-every", type=int, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=None)
@@ -585,7 +602,8 @@ def config_from_arguments(args: argparse.Namespace) -> TrainConfig:
     for flag, key in (("steps", "steps"), ("batch_size", "batch_size"), ("sample_every", "sample_every"),
                       ("checkpoint_every", "checkpoint_every"), ("log_every", "log_every"),
                       ("wall_time_minutes", "wall_time_minutes"), ("threads", "threads"), ("seed", "seed"),
-                      ("reconstruction_weight", "reconstruction_weight"), ("learning_rate", "learning_rate")):
+                      ("reconstruction_weight", "reconstruction_weight"), ("learning_rate", "learning_rate"),
+                      ("adversarial_learning_rate", "adversarial_learning_rate")):
         value = getattr(args, flag)
         if value is not None:
             setattr(config, key, value)

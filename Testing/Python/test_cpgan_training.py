@@ -129,10 +129,12 @@ def test_reconstruction_warmup_trains_only_the_generator(cache, tmp_path):
     from AnonMRILib.models.cpgan import CPGANConfig, CPGANDiscriminator
 
     out = tmp_path / "warmup"
-    config = tiny_config(heads=[], steps=3, reconstruction_warmup_steps=2, checkpoint_every=2)
+    config = tiny_config(heads=[], steps=3, reconstruction_warmup_steps=2, checkpoint_every=2,
+                         adversarial_learning_rate=1e-4)
     train_cpgan.train(config, out, cache, device_name="cpu")
     lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [line["phase"] for line in lines] == ["warmup", "warmup", "adversarial"]
+    assert [line["learning_rate"] for line in lines] == [config.learning_rate, config.learning_rate, 1e-4]
     assert "loss_d" not in lines[1] and "loss_d" in lines[2]
     assert lines[0]["loss_g_total"] == pytest.approx(sum(lines[0]["l1_per_scale"].values()) / 4, rel=1e-5)
 
