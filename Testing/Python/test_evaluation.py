@@ -371,9 +371,13 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
 
     # a second run reuses every cached rendering, tissue result and attacker
     calls.clear()
-    again = script.evaluate(config, tmp_path / "report2", work)
+    again = script.evaluate(config, tmp_path / "report2", work, discussion="The hull *keeps* the outline.")
     assert calls == []
     assert again["identification_rate"] == result["identification_rate"]
+    report = (tmp_path / "report2" / "report.md").read_text()
+    assert "### Why goals are missed\n\nThe hull *keeps* the outline." in report
+    assert json.loads((tmp_path / "report2" / "privacy.json").read_text())["discussion"].startswith("The hull")
+    assert "Why goals are missed" not in (out / "report.md").read_text()
 
 
 def test_evaluate_privacy_configuration_errors(tmp_path):
