@@ -84,6 +84,9 @@ class CPGANConfig(JSONConfig):
     per coarser scale up to ``coarsest_channels``; depths 0 at S, 1 at S/2 and 2 below, in
     both networks (a 3x3x3 stem still works at every scale). Choice for compute: at S = 64 one
     training step of batch 2 costs ~3.5 s on one CPU core with these, 3x more with full depth.
+    ``generator_coordinates`` / ``generator_position_channels`` / ``generator_dilations``: the
+    position inputs and dilated inverted residuals of the module docstring (off by default, so
+    cards written before they existed load unchanged).
     """
 
     size: int = 64
@@ -126,6 +129,8 @@ class CPGANConfig(JSONConfig):
         dilations = tuple(int(d) for d in self.generator_dilations)
         if any(d < 1 for d in dilations):
             raise ValueError("generator_dilations must be positive integers")
+        if int(self.generator_position_channels) < 0:
+            raise ValueError("generator_position_channels must be 0 (off) or positive")
         object.__setattr__(self, "generator_dilations", dilations)
 
     @property

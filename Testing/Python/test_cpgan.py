@@ -101,6 +101,8 @@ def test_coordinate_inputs_and_dilations_change_the_generator_blocks():
     assert float(generator.blocks[-1].position.grad.abs().sum()) > 0
     with pytest.raises(ValueError):
         CPGANConfig(**TINY, generator_dilations=(0,))
+    with pytest.raises(ValueError):
+        CPGANConfig(**TINY, generator_position_channels=-1)
 
 
 def test_noise_is_drawn_from_the_given_generator():
