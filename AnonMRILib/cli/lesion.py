@@ -7,7 +7,6 @@ anything is written). LESION_MASK is a labelmap on the input's grid in any reada
 nonzero label is lesion. An empty mask is refused unless ``--allow-empty-lesion`` is given.
 """
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from .common import add_device_argument, add_input_argument, add_quiet_argument, add_series_uid_argument, load_input
@@ -63,11 +62,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    repulsion = SourceRepulsionConfig()
-    if args.candidates is not None:
-        if args.candidates < 1:
-            raise InputError(f"--candidates must be at least 1, got {args.candidates}")
-        repulsion = replace(repulsion, candidates=args.candidates)
+    repulsion = SourceRepulsionConfig() if args.candidates is None else SourceRepulsionConfig(candidates=args.candidates)
     volume = load_input(args)
     lesion_mask = load_volume(args.lesion_mask)
     config = LesionAnonymizationConfig(steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",

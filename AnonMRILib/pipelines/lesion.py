@@ -87,6 +87,10 @@ class SourceRepulsionConfig:
     brightness_tolerance: float = 0.10
     foreground: float = 0.05
 
+    def __post_init__(self) -> None:
+        if int(self.candidates) < 1:
+            raise InputError(f"candidates must be at least 1, got {self.candidates}")
+
 
 @dataclass(frozen=True)
 class LesionAnonymizationConfig:
@@ -213,8 +217,6 @@ def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.
 
     repulsion = repulsion or SourceRepulsionConfig()
     candidates = repulsion.candidates
-    if candidates < 1:
-        raise InputError(f"candidates must be at least 1, got {candidates}")
     autoencoder, diffusion, device = models.autoencoder, models.diffusion, models.device
     autoencoder.eval()
     diffusion.eval()
@@ -362,8 +364,6 @@ def anonymize_lesions(volume: Volume, lesion_mask: Volume, config: Optional[Lesi
     lesion_input = lesion_voxels(lesion_mask, config.allow_empty_lesion)
     if config.steps < 1 or config.steps > 1000:
         raise InputError(f"steps must be between 1 and 1000, got {config.steps}")
-    if config.repulsion.candidates < 1:
-        raise InputError(f"candidates must be at least 1, got {config.repulsion.candidates}")
     models = weights if isinstance(weights, LesionModels) else load_lesion_models(weights, device)
     report(progress, 0.0, "preparing slices")
     size = models.image_size

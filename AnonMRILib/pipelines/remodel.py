@@ -156,20 +156,13 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
     return output, details
 
 
-def face_hull_region(convex_hull: Volume, brain_mask: Volume) -> np.ndarray:
-    """Voxels inside the convex hull, outside the brain and in front of the brain's centroid (RAS A)."""
-    brain = np.asarray(brain_mask.array) != 0
-    centroid_a = float(brain_mask.world_coordinates(np.argwhere(brain)).mean(axis=0)[1]) if brain.any() else 0.0
-    return (np.asarray(convex_hull.array) != 0) & ~brain & (convex_hull.world_axis(1) > centroid_a)
-
-
 def remodel_scores(original: Volume, remodeled: Volume, brain_mask: Volume, convex_hull: Volume) -> Dict[str, float]:
     """Checks of a remodeling: brain voxels kept (fraction, 1.0 = all bit-exact) and face-region change.
 
     ``face_region_changed_fraction``: fraction of voxels inside the hull and outside the brain
     whose value changed; ``face_region_mean_abs_change``: their mean absolute change divided by
-    the input's 99th percentile (unitless). Face shape: in :func:`face_hull_region`, the voxels
-    below the original's skin level (head threshold) are air; a real face leaves air inside its
+    the input's 99th percentile (unitless). Face shape: of the hull-minus-brain voxels in front of
+    the brain's centroid (RAS A), those below the original's skin level (head threshold) are air; a real face leaves air inside its
     convex hull (around the nose, in the eye sockets, under the nose and chin), a generator that
     fills the hull does not. ``face_air_fraction_original`` / ``_remodeled``: the air fraction of
     each; ``face_air_dice``: Dice of the two air sets (where the remodeled face has its concavities
@@ -187,7 +180,8 @@ def remodel_scores(original: Volume, remodeled: Volume, brain_mask: Volume, conv
     scale = float(np.percentile(before, 99)) or 1.0
     difference = np.abs(after[region].astype(np.float64) - before[region].astype(np.float64))
     skin_level = head_threshold(before)
-    face = face_hull_region(convex_hull, brain_mask)
+    centroid_a = float(brain_mask.world_coordinates(np.argwhere(brain)).mean(axis=0)[1]) if brain.any() else 0.0
+    face = region & (convex_hull.world_axis(1) > centroid_a)
     face_voxels = max(1, int(face.sum()))
     air_before, air_after = face & (before < skin_level), face & (after < skin_level)
     return {

@@ -151,5 +151,6 @@ def test_reconstruction_warmup_trains_only_the_generator(cache, tmp_path):
     for run, moved in ((only_warmup, False), (out, True)):
         saved = {k[len("discriminator/"):]: v for k, v in load_file(str(run / "checkpoint.safetensors")).items()
                  if k.startswith("discriminator/")}
-        same = all(torch.equal(saved[k], v) for k, v in initial.items() if k in saved)
+        assert saved.keys() == initial.keys()
+        same = all(torch.equal(saved[k], v) for k, v in initial.items())
         assert same != moved
