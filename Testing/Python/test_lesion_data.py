@@ -71,15 +71,21 @@ def test_slice_set_save_load_and_normalization(tmp_path):
     assert normalized[0] == 0.0 and normalized[-1] == 1.0
 
 
-def test_synthetic_lesion_slices_are_deterministic_and_graded():
-    from AnonMRILib.datasets.synthetic_lesions import (BRATS_LABELS, SyntheticLesionConfig,
-                                                       make_synthetic_lesion_slices, prepare_base_head)
+def ball_head(radii=(1.0, 1.0, 1.0), name="ball"):
+    """A synthetic base head: an ellipsoidal 'brain' with a striped texture, 2.5 mm voxels."""
+    from AnonMRILib.datasets.synthetic_lesions import prepare_base_head
     from AnonMRILib.io import Volume
 
     grid = np.stack(np.meshgrid(*[np.linspace(-1, 1, n) for n in (60, 70, 60)], indexing="ij"))
-    brain = (grid ** 2).sum(0) < 0.7
+    brain = sum((g / r) ** 2 for g, r in zip(grid, radii)) < 0.7
     image = np.where(brain, 1.0 + 0.2 * np.sin(8 * grid[0]), 0.0)
-    head = prepare_base_head(Volume(image, np.diag([2.5, 2.5, 2.5, 1.0])), brain, name="ball")
+    return prepare_base_head(Volume(image, np.diag([2.5, 2.5, 2.5, 1.0])), brain, name=name)
+
+
+def test_synthetic_lesion_slices_are_deterministic_and_graded():
+    from AnonMRILib.datasets.synthetic_lesions import BRATS_LABELS, SyntheticLesionConfig, make_synthetic_lesion_slices
+
+    head = ball_head()
     config = SyntheticLesionConfig(image_size=32, num_patients=3, lesion_slices_per_patient=4,
                                    healthy_slices_per_patient=1, hgg_fraction=0.5)
     a = make_synthetic_lesion_slices([head], config, seed=7)
@@ -91,6 +97,59 @@ def test_synthetic_lesion_slices_are_deterministic_and_graded():
     assert a.masks.any() and set(np.unique(a.patients)) == {0, 1, 2}
     assert set(np.unique(a.grades)) <= {0, 1} and np.all((a.depths >= 0) & (a.depths <= 1))
     assert set(BRATS_LABELS.values()) == {1, 2, 4}
+
+
+def test_coregistration_puts_every_head_at_one_brain_size_and_level():
+    from AnonMRILib.datasets.synthetic_lesions import (BRAIN_TOP_ABOVE_CENTRE_MM, FIELD_OF_VIEW_MM, NUM_AXIAL_SLICES,
+                                                       SubjectVariationConfig, brain_box_mm, coregistration_target_mm,
+                                                       synthesize_patient)
+
+    heads = [ball_head((0.8, 1.0, 0.9), "small"), ball_head((1.0, 1.2, 1.1), "large")]
+    target = coregistration_target_mm(heads)
+    widths = [np.subtract(*brain_box_mm(h)[::-1]) for h in heads]
+    assert np.allclose(target, (widths[0][:2] + widths[1][:2]) / 2)
+    still = SubjectVariationConfig(rotation_deg=(0, 0, 0), scale_range=(1, 1), displacement_mm=0, fine_displacement_mm=0,
+                                   gamma_range=(1, 1), bias=0, contrast_knot_shift=0)
+    pixel = FIELD_OF_VIEW_MM / 48
+    for head in heads:
+        _, _, brain = synthesize_patient(head, np.random.default_rng(0), 48, 0, still, target)
+        rows, columns, levels = (np.flatnonzero(brain.any(axis=axes)) for axes in ((1, 2), (0, 2), (0, 1)))
+        assert abs((rows[-1] - rows[0] + 1) * pixel - target[0]) <= 2 * pixel
+        assert abs((columns[-1] - columns[0] + 1) * pixel - target[1]) <= 2 * pixel
+        assert abs(levels[-1] - ((NUM_AXIAL_SLICES - 1) / 2 + BRAIN_TOP_ABOVE_CENTRE_MM)) <= 2
+        _, _, unregistered = synthesize_patient(head, np.random.default_rng(0), 48, 0, still)
+        assert abs(np.flatnonzero(unregistered.any(axis=(0, 1)))[-1] - levels[-1]) > 3  # the frame moved
+
+
+def test_subject_variation_config_checks_and_monotone_contrast():
+    from AnonMRILib.datasets.synthetic_lesions import SubjectVariationConfig, _contrast_curve
+
+    for bad in ({"scale_range": (1.1, 0.9)}, {"gamma_range": (0, 1)}, {"fine_displacement_mm": -1},
+                {"contrast_knot_shift": 0.1}):
+        with pytest.raises(ValueError):
+            SubjectVariationConfig(**bad)
+    values = np.linspace(0, 1.3, 200)
+    for seed in range(20):
+        curve = _contrast_curve(np.random.default_rng(seed), values, 0.08)
+        assert np.all(np.diff(curve) > 0) and curve[0] == 0
+        assert np.allclose(curve[values >= 1], values[values >= 1])
+        assert np.abs(curve - values).max() <= 0.08 + 1e-9
+
+
+def test_make_lesion_slices_workers_give_the_same_data(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "Training"))
+    from make_lesion_slices import make_slices
+
+    from AnonMRILib.datasets.synthetic_lesions import SyntheticLesionConfig
+
+    heads = [ball_head((0.8, 1.0, 0.9), "small"), ball_head((1.0, 1.2, 1.1), "large")]
+    config = SyntheticLesionConfig(image_size=24, num_patients=3, lesion_slices_per_patient=2, healthy_slices_per_patient=1)
+    one, two = make_slices(heads, config, seed=3, workers=1), make_slices(heads, config, seed=3, workers=2)
+    assert np.array_equal(one.images, two.images) and np.array_equal(one.patients, two.patients)
+    assert set(one.patients.tolist()) == {0, 1, 2}
 
 
 def test_anonymity_criterion_formula_and_paper_threshold():
