@@ -13,6 +13,8 @@ from .common import add_device_argument, add_input_argument, add_quiet_argument,
 
 
 def add_parser(subparsers) -> None:
+    from ..pipelines.lesion import SourceRepulsionConfig
+
     parser = subparsers.add_parser(
         "lesion",
         help="regenerate the non-lesion anatomy slice by slice, keeping the lesion",
@@ -28,8 +30,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=10, help="DDIM sampling steps (default 10)")
     parser.add_argument("--full-ddpm", action="store_true", help="use the full 1000-step DDPM chain (slow)")
     parser.add_argument("--candidates", type=int, default=None, metavar="K",
-                        help="background draws per slice for source repulsion (default 16; 1 = plain sampling; "
-                             "time grows linearly)")
+                        help=f"background draws per slice for source repulsion (default {SourceRepulsionConfig.candidates}; "
+                             "1 = plain sampling; time grows linearly)")
     parser.add_argument("--grade", choices=("LGG", "HGG"), default=None,
                         help="tumour grade to condition on (default: unknown)")
     parser.add_argument("--weights", type=Path, default=None, metavar="FOLDER",

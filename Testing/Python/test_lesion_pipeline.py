@@ -209,7 +209,7 @@ def test_cli_end_to_end_and_bad_inputs_exit_2(tmp_path, capsys):
     assert not np.array_equal(out.array, volume.array)
     assert main(["lesion", *args, str(tmp_path / "again.nii.gz"), "--exact-lesion", "--seed", "3", *common]) == 0
     assert np.array_equal(load_volume(tmp_path / "again.nii.gz").array, out.array)
-    # --candidates 1 is plain sampling: a different kept draw than source repulsion's 16
+    # --candidates 1 is plain sampling: a different kept draw than source repulsion's default draws
     assert main(["lesion", *args, str(tmp_path / "plain.nii.gz"), "--exact-lesion", "--seed", "3",
                  "--candidates", "1", *common]) == 0
     assert not np.array_equal(load_volume(tmp_path / "plain.nii.gz").array, out.array)
