@@ -15,7 +15,6 @@ brain mask works) by subject-level variation, and a synthetic tumour is placed i
 * intensity: gamma 0.75-1.33, a monotone tissue-contrast curve (knots every 0.2 moved by up to
   +-0.08: scanner/protocol differences), a smooth multiplicative bias field (+-10 %), Rician-like
   noise;
-
 * tumour: a 3-D blob (ellipsoid level set perturbed by smooth noise), clipped to the brain, with
   three BraTS labels: 1 necrotic / non-enhancing core, 2 oedema, 4 enhancing tumour. Two grades:
   HGG (grade 1): core radius 12-24 mm, dark necrotic centre (40-70 % of the core), bright
@@ -95,7 +94,9 @@ class SubjectVariationConfig:
 
 @dataclass(frozen=True)
 class SyntheticLesionConfig:
-    """How many patients and slices to make; tumour/variation ranges are in the module docstring."""
+    """How many patients and slices to make (tumour ranges are in the module docstring);
+    ``variation``: how patients of one base head differ; ``coregister``: scale every head to a
+    common brain size and level first (:func:`head_frame`)."""
 
     image_size: int = 64
     num_patients: int = 100

@@ -13,11 +13,12 @@ For every axial slice x with lesion mask M (model resolution S x S):
    the input's background, so plain sampling (K = 1) draws, by chance, anatomy of the patient's
    own kind: on the first generated population of four base heads x_hat was nearest to the
    input's own head for 23 % of the held-out slices, and half of those failed the anonymity
-   criterion when x_j came from another head (docs/evaluation/lesion has the current figures). Keeping the draw least like the source is
-   ADS-GAN's identifiability constraint (Yoon et al., the paper's ref. 28, where the criterion
-   comes from) applied at sampling time; the typicality filter keeps it from choosing degenerate
-   draws (a shrunken or dark brain) that are far from every real slice. Only the input slice is
-   used; no other patient is involved. The lesion latent is the same for all draws.
+   criterion when x_j came from another head (docs/evaluation/lesion has the current figures).
+   Keeping the draw least like the source is ADS-GAN's identifiability constraint (Yoon et al.,
+   the paper's ref. 28, where the criterion comes from) applied at sampling time; the typicality
+   filter keeps it from choosing degenerate draws (a shrunken or dark brain) that are far from
+   every real slice. Only the input slice is used; no other patient is involved. The lesion
+   latent is the same for all draws.
 
 :func:`anonymize_lesions` does this on a :class:`Volume` in its own grid:
 
