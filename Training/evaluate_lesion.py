@@ -25,7 +25,8 @@ separately, and the markdown tables/plots are rebuilt from it each time):
 * ``utility`` -- Tables 4 and 5: binary tumour segmentation (MONAI UNet (16-32-64), Dice+BCE, Adam lr 3e-3, mIoU = mean of tumour
   and background IoU over test pixels) and grade classification (MONAI ResNet18, 2-D, width 1/4
   for CPU) trained on real / anonymized / mixed (half real + half anonymized, other patients) /
-  half-real sets of ``--utility-patients`` training patients, tested on held-out real slices.
+  half-real sets of ``--utility-patients`` training patients, tested on held-out real slices; also
+  on the anonymized set with the lesion pixels copied from the input (``--exact-lesion``).
 
     python Training/evaluate_lesion.py --data slices_64.npz --weights AnonMRILib/weights \\
         --out docs/evaluation/lesion --steps 10 --parts reconstruction,anonymity,utility
@@ -428,6 +429,8 @@ def main(argv=None) -> int:
         sets = {
             "real": (real.images, real.masks, real.grades),
             "anonymized": (anonymized_images, real.masks, real.grades),
+            "anonymized + exact lesion": (np.where(real.masks > 0, real.images, anonymized_images), real.masks,
+                                          real.grades),
             "mixed (half real + half anonymized)": (np.where(in_a[:, None, None], real.images, anonymized_images),
                                                    real.masks, real.grades),
             "half real": (real.images[in_a], real.masks[in_a], real.grades[in_a]),

@@ -46,7 +46,7 @@ def test_evaluate_lesion_tiny_end_to_end(tmp_path):
     assert results["anonymity"]["exact_lesion_bit_exact"] is True
     utility = results["utility"]
     assert [row["set"] for row in utility["rows"]] == [
-        "real", "anonymized", "mixed (half real + half anonymized)", "half real"]
+        "real", "anonymized", "anonymized + exact lesion", "mixed (half real + half anonymized)", "half real"]
     assert utility["segmentation_learning_rate"] == evaluate_lesion.SEGMENTATION_LEARNING_RATE
     report = (out / "README.md").read_text()
     assert "Table 7 analogue" in report and "Tables 4 and 5 analogues" in report and "Adam lr 0.003" in report
