@@ -248,15 +248,15 @@ def head_frame(head: BaseHead, target_mm: Optional[np.ndarray] = None) -> Tuple[
 
 def synthesize_patient(head: BaseHead, rng: np.random.Generator, image_size: int, grade: int,
                        variation: SubjectVariationConfig = SubjectVariationConfig(),
-                       target_mm: Optional[np.ndarray] = None):
+                       frame: Optional[Tuple[np.ndarray, np.ndarray]] = None):
     """One patient on the model grid: (image (S, S, 155) float32 in [0, 1], labels (S, S, 155)
-    uint8 BraTS labels, brain (S, S, 155) bool). With ``target_mm`` (see :func:`head_frame`) the
-    head is first co-registered to a common brain size and level; the patient's random affine
-    and deformation vary around that."""
+    uint8 BraTS labels, brain (S, S, 155) bool). ``frame``: the head's (centre, normalising scale)
+    from :func:`head_frame` (default: not co-registered); the patient's random affine and
+    deformation vary around it."""
     from scipy import ndimage
 
     shape = (image_size, image_size, NUM_AXIAL_SLICES)
-    centre, normalisation = head_frame(head, target_mm)
+    centre, normalisation = frame if frame is not None else head_frame(head)
     grid_affine = model_grid_affine(centre, image_size)
     # --- geometry: world point of each output voxel -> base-head voxel
     i, j, k = np.meshgrid(*(np.arange(n, dtype=np.float32) for n in shape), indexing="ij")
@@ -346,13 +346,15 @@ def make_synthetic_lesion_slices(heads: Sequence[BaseHead], config: SyntheticLes
     if not heads:
         raise ValueError("at least one base head is needed")
     target_mm = coregistration_target_mm(heads) if config.coregister else None
+    frames = [head_frame(head, target_mm) for head in heads]
     parts = []
     for index in range(config.num_patients):
         patient_id = first_patient_id + index
         rng = np.random.default_rng([seed, patient_id])
         grade = int(rng.random() < config.hgg_fraction)
-        image, labels, brain = synthesize_patient(heads[patient_id % len(heads)], rng, config.image_size, grade,
-                                                  config.variation, target_mm)
+        head_index = patient_id % len(heads)
+        image, labels, brain = synthesize_patient(heads[head_index], rng, config.image_size, grade, config.variation,
+                                                  frames[head_index])
         lesion_area = (labels > 0).sum(axis=(0, 1))
         brain_area = brain.sum(axis=(0, 1))
         lesion_slices = np.flatnonzero(lesion_area >= config.min_lesion_pixels)

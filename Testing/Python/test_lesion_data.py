@@ -102,7 +102,7 @@ def test_synthetic_lesion_slices_are_deterministic_and_graded():
 def test_coregistration_puts_every_head_at_one_brain_size_and_level():
     from AnonMRILib.datasets.synthetic_lesions import (BRAIN_TOP_ABOVE_CENTRE_MM, FIELD_OF_VIEW_MM, NUM_AXIAL_SLICES,
                                                        SubjectVariationConfig, brain_box_mm, coregistration_target_mm,
-                                                       synthesize_patient)
+                                                       head_frame, synthesize_patient)
 
     heads = [ball_head((0.8, 1.0, 0.9), "small"), ball_head((1.0, 1.2, 1.1), "large")]
     target = coregistration_target_mm(heads)
@@ -112,7 +112,7 @@ def test_coregistration_puts_every_head_at_one_brain_size_and_level():
                                    gamma_range=(1, 1), bias=0, contrast_knot_shift=0)
     pixel = FIELD_OF_VIEW_MM / 48
     for head in heads:
-        _, _, brain = synthesize_patient(head, np.random.default_rng(0), 48, 0, still, target)
+        _, _, brain = synthesize_patient(head, np.random.default_rng(0), 48, 0, still, head_frame(head, target))
         rows, columns, levels = (np.flatnonzero(brain.any(axis=axes)) for axes in ((1, 2), (0, 2), (0, 1)))
         assert abs((rows[-1] - rows[0] + 1) * pixel - target[0]) <= 2 * pixel
         assert abs((columns[-1] - columns[0] + 1) * pixel - target[1]) <= 2 * pixel
