@@ -31,7 +31,7 @@ separately, and the markdown tables/plots are rebuilt from it each time):
     python Training/evaluate_lesion.py --data slices_64.npz --weights AnonMRILib/weights \\
         --out docs/evaluation/lesion --steps 10 --parts reconstruction,anonymity,utility
 
-The committed report (about 11 min on 2 cores; data from ``Training/make_lesion_slices.py``, the
+The committed report (about 14 min on 2 cores; data from ``Training/make_lesion_slices.py``, the
 pyradiomics 3.0.1 source archive unpacked in PYRAD, the ROBEX reference volumes in ROBEX)::
 
     python Training/evaluate_lesion.py --data /work/runs/lesion/slices_v2_64.npz --out docs/evaluation/lesion \\

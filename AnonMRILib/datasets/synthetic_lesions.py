@@ -210,7 +210,7 @@ def _contrast_curve(rng: np.random.Generator, image: np.ndarray, knot_shift: flo
     knots = np.linspace(0.0, 1.0, 6)
     values = knots.copy()
     values[1:-1] += rng.uniform(-knot_shift, knot_shift, len(knots) - 2)
-    return np.interp(image, knots, values, right=None) + np.clip(image - 1.0, 0.0, None)
+    return np.interp(image, knots, values) + np.clip(image - 1.0, 0.0, None)
 
 
 #: Height of the top of the brain above the grid centre after co-registration, mm (slice 147 of 155,
