@@ -17,7 +17,8 @@ Cleaning (the mean head's own artefacts showed through in renderings):
 0. **N4 bias correction** inside the head (the average is darker at the neck and crown);
 1. **head mask**: voxels at or above the head threshold (:func:`head_threshold`), opened with a
    ball of ``opening_mm`` (cuts the thin rectangular frames that the averaging left in the air in
-   front of the eyes and face), largest component, holes filled, dilated by 1 voxel;
+   front of the eyes and face; 5 mm in the front 35 mm of the head, where they lie on the skin),
+   largest component, holes filled, dilated by 1 voxel;
 2. the head multiplied by that mask smoothed with a Gaussian (sigma 1 mm), so that the air is 0
    and the skin ends in a soft edge (no frame, no speckle in front of the face);
 3. **neck**: the mean head ends in the upper neck; ``neck_extension_mm`` more are added below it by
@@ -40,16 +41,24 @@ REPO = Path(__file__).resolve().parents[1]
 OUTPUT_DIR = REPO / "AnonMRILib" / "data" / "templates"
 
 
-def clean_average_head(array: np.ndarray, spacing_mm: float, opening_mm: float) -> np.ndarray:
-    """Steps 1-2 of the module docstring: the head with its air set to 0 and a soft skin edge."""
+def clean_average_head(array: np.ndarray, spacing_mm: float, opening_mm: float, face_opening_mm: float = 5.0,
+                       face_depth_mm: float = 35.0) -> np.ndarray:
+    """Steps 1-2 of the module docstring: the head with its air set to 0 and a soft skin edge.
+    ``array`` is RAS (axis 1 = A); the front ``face_depth_mm`` of the head is opened with the
+    larger ``face_opening_mm`` (the frames there are sheets lying on the skin)."""
     from scipy import ndimage
 
     from AnonMRILib.transforms.head_mask import clean_binary_head, head_threshold
 
     threshold = head_threshold(array)
-    radius = max(1, int(round(opening_mm / spacing_mm)))
     ball = ndimage.generate_binary_structure(3, 1)
-    head = ndimage.binary_opening(array >= threshold, structure=ball, iterations=radius)
+    binary = array >= threshold
+    head = ndimage.binary_opening(binary, structure=ball, iterations=max(1, int(round(opening_mm / spacing_mm))))
+    face_opened = ndimage.binary_opening(binary, structure=ball,
+                                         iterations=max(1, int(round(face_opening_mm / spacing_mm))))
+    front = int(np.argwhere(clean_binary_head(head).any(axis=(0, 2)))[-1, 0])
+    face = np.arange(array.shape[1]) > front - face_depth_mm / spacing_mm
+    head = np.where(face[None, :, None], face_opened, head)
     head = ndimage.binary_dilation(clean_binary_head(head), structure=ball)
     weight = ndimage.gaussian_filter(head.astype(np.float32), sigma=1.0 / spacing_mm)
     return (array * weight).astype(np.float32)
