@@ -239,8 +239,8 @@ def test_hdbet_grids():
 
 
 class _ThresholdNetwork:
-    """Stand-in for the HD-BET network: logits (0, 10 x) per voxel, i.e. brain wherever the
-    standardised input is above its mean (a bright blob on a dark background)."""
+    """Stand-in for the HD-BET network: brain wherever the input is above the middle of its
+    range (a bright blob on a dark background), a rule that no standardisation changes."""
 
     def __init__(self):
         import torch
@@ -255,18 +255,19 @@ class _ThresholdNetwork:
         import torch
 
         self.shapes.append(tuple(x.shape[2:]))
-        return torch.cat([torch.zeros_like(x), 10.0 * x], dim=1)
+        middle = (x.amax() + x.amin()) / 2
+        return torch.cat([torch.zeros_like(x), 10.0 * (x - middle)], dim=1)
 
 
 class _HalfBoxNetwork(_ThresholdNetwork):
     """Stand-in for deepbet's bounding-box network that sees only the superior end of the brain
-    (the last quarter of the last RAS axis), so that the first box cuts the brain."""
+    (the last 40 % of the last RAS axis), so that the first box cuts the brain."""
 
     def __call__(self, x):
         import torch
 
         brain = (x > 0.6).to(x.dtype)
-        brain[..., : 3 * x.shape[-1] // 4] = 0
+        brain[..., : 3 * x.shape[-1] // 5] = 0
         return torch.cat([1 - brain, brain], dim=1)
 
 
@@ -286,11 +287,13 @@ def test_hdbet_crop_to_brain_widens_a_box_that_cuts_the_brain(monkeypatch):
 
     monkeypatch.setattr(deepbet, "SMALL_SHAPE", (35, 40, 45))
     volume, blob = _blob_head()
+    # the network on the image's own 1 mm grid: no resampling, so both paths see the same voxels
     whole_network = _ThresholdNetwork()
-    whole = hdbet.compute_brain_mask(volume, network=whole_network, config=hdbet.WHOLE_FIELD_OF_VIEW)
+    whole = hdbet.compute_brain_mask(volume, network=whole_network,
+                                     config=hdbet.HDBetConfig(crop_to_brain=False, spacing_mm=1.0))
     assert whole_network.shapes == [(128, 128, 128)]  # HD-BET's own padding of the whole view
-    assert dice(volume.with_array(whole), volume.with_array(blob)) > 0.95  # 1.5 mm there and back
-    config = hdbet.HDBetConfig(crop_margin_mm=4.0)
+    assert dice(volume.with_array(whole), volume.with_array(blob)) > 0.99
+    config = hdbet.HDBetConfig(crop_margin_mm=4.0, spacing_mm=1.0)
     passes = []
     network = _ThresholdNetwork()
     cropped = hdbet.compute_brain_mask(volume, lambda f, m: passes.append(m), network=network, config=config,
@@ -298,7 +301,7 @@ def test_hdbet_crop_to_brain_widens_a_box_that_cuts_the_brain(monkeypatch):
     assert passes.count("segmenting the brain") >= 2  # the first box cut the brain
     assert all(n % hdbet.SIZE_MULTIPLE == 0 for shape in network.shapes for n in shape)
     assert np.prod(network.shapes[-1]) < np.prod(whole_network.shapes[0]) / 2  # still a crop
-    assert dice(volume.with_array(cropped), volume.with_array(whole)) > 0.98
+    assert np.array_equal(cropped, whole)
     assert cropped[:, :, :50].any()  # the inferior part the box network missed
     # no retries allowed: the whole field of view is used instead of a cut mask
     monkeypatch.setattr(hdbet, "MAX_CROP_RETRIES", 0)

@@ -167,9 +167,11 @@ def _fit_box(bounds, shape, spacing_ras, config: HDBetConfig) -> list:
     for (start, stop), n, spacing in zip(bounds, shape, spacing_ras):
         start, stop = max(0, start), min(int(n), stop)
         model_n = model_grid_shape((stop - start,), (spacing,), config.spacing_mm)[0]
-        missing_mm = (padded_shape((model_n,), 1)[0] - model_n) * config.spacing_mm
-        grow = int(np.ceil(missing_mm / float(spacing) / 2))
-        fitted.append([max(0, start - grow), min(int(n), stop + grow)])
+        # the most input voxels whose network grid still rounds to the padded size
+        target = int(np.floor((padded_shape((model_n,), 1)[0] + 0.5) * config.spacing_mm / float(spacing) - 1e-6))
+        grow = max(0, target - (stop - start))
+        low = max(0, start - grow // 2)
+        fitted.append([low, min(int(n), low + (stop - start) + grow)])
     return fitted
 
 
