@@ -10,7 +10,7 @@ is printed too, since concurrent jobs inflate it) and its CPU time (user + syste
 not inflated by other jobs' waiting, a better measure on a shared machine).
 
 Candidates: ``hdbet``, ``deepbet`` and ``atlas`` (AnonMRI's backends; ``hdbet`` = the default,
-HD-BET fold 0 on AnonMRI's own safetensors U-Net, cropped to the brain, at 2 mm; ``hdbet-fov``:
+HD-BET fold 0 on AnonMRI's own safetensors U-Net, cropped to the brain, at 1.75 mm; ``hdbet-fov``:
 the same network on the whole field of view at 1.5 mm, HD-BET's own "fast" mode and the default
 until the crop; ``hdbet-crop-1.5mm``: the crop at 1.5 mm; ``deepbet`` with its 1 mm surface margin and
 test-time mirroring), ``deepbet-original`` (the same networks with
@@ -117,7 +117,7 @@ def hdbet_mask(**config):
     return _run
 
 
-RUNNERS = {"hdbet": anonmri_mask("hdbet"), "hdbet-fov": hdbet_mask(crop_to_brain=False),
+RUNNERS = {"hdbet": anonmri_mask("hdbet"), "hdbet-fov": hdbet_mask(crop_to_brain=False, spacing_mm=1.5),
            "hdbet-crop-1.5mm": hdbet_mask(spacing_mm=1.5), "deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
            "deepbet-mirror": deepbet_mirror_mask(True), "deepbet-no-mirror": deepbet_mirror_mask(False),
            "atlas": anonmri_mask("atlas"),
