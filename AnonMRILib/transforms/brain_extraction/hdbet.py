@@ -168,7 +168,8 @@ def brain_box(ras: np.ndarray, spacing_ras: np.ndarray, box_network, config: HDB
         indices = np.nonzero(small.any(axis=other))[0]
         scale = n / small_n  # small voxel i covers [i * scale, (i + 1) * scale) of the full axis
         margin = config.crop_margin_mm / float(spacing_ras[axis])
-        bounds.append([int(np.floor(indices.min() * scale - margin)), int(np.ceil((indices.max() + 1) * scale + margin))])
+        bounds.append([int(np.floor(indices.min() * scale - margin)),
+                       int(np.ceil((indices.max() + 1) * scale + margin))])
     return _fit_box(bounds, ras.shape, spacing_ras, config)
 
 
