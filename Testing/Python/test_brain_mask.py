@@ -273,6 +273,15 @@ class _HalfBoxNetwork(_ThresholdNetwork):
         return torch.cat([1 - brain, brain], dim=1)
 
 
+class _BlindBoxNetwork(_ThresholdNetwork):
+    """Stand-in for deepbet's bounding-box network that finds no brain at all."""
+
+    def __call__(self, x):
+        import torch
+
+        return torch.cat([torch.ones_like(x), torch.zeros_like(x)], dim=1)
+
+
 def _blob_head():
     """A 1 mm RAS image: a bright ellipsoid 'brain' off-centre in a large dark field of view."""
     shape = (70, 80, 90)
@@ -311,6 +320,10 @@ def test_hdbet_crop_to_brain_widens_a_box_that_cuts_the_brain(monkeypatch):
     fallback = hdbet.compute_brain_mask(volume, network=network, config=config, box_network=_HalfBoxNetwork())
     assert network.shapes[-1] == (128, 128, 128)
     assert np.array_equal(fallback, whole)
+    # a box network that finds nothing: the whole field of view, not an error
+    network = _ThresholdNetwork()
+    blind = hdbet.compute_brain_mask(volume, network=network, config=config, box_network=_BlindBoxNetwork())
+    assert network.shapes == [(128, 128, 128)] and np.array_equal(blind, whole)
 
 
 def test_hdbet_fill_holes_on_the_bounding_box_equals_scipy():

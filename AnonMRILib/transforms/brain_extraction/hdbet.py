@@ -80,7 +80,8 @@ class HDBetConfig:
     ``crop_margin_mm`` per side and then to whole multiples of 16 network voxels. When the mask
     touches a side of the box that is not the image's own border, that side is widened by the
     margin and the network reruns (at most :data:`MAX_CROP_RETRIES` times, then the whole field of
-    view), so a box that misses brain cannot cut the mask.
+    view), so a box that misses brain cannot cut the mask; when the box network finds no brain at
+    all, the whole field of view is used.
     ``spacing_mm``: the network's voxel size (HD-BET: 1.5 mm).
 
     Defaults (crop, 5 mm margin, 1.75 mm) chosen by the README's decision rule: of the settings
@@ -153,15 +154,16 @@ def _segment(image_sar: np.ndarray, spacing_sar: np.ndarray, network, config: HD
 
 
 def brain_box(ras: np.ndarray, spacing_ras: np.ndarray, box_network, config: HDBetConfig) -> list:
-    """[start, stop) voxel bounds per RAS axis of the crop around the brain (see :class:`HDBetConfig`)."""
+    """[start, stop) voxel bounds per RAS axis of the crop around the brain (see :class:`HDBetConfig`);
+    the whole image when deepbet's box network finds no brain."""
     import torch
 
     from .deepbet import SMALL_SHAPE, coarse_brain
 
     device = next(box_network.parameters()).device
     small, _ = coarse_brain(box_network, torch.from_numpy(np.ascontiguousarray(ras)).to(device))
-    if not small.any():
-        raise InputError("no brain was found in the image (is it a T1-weighted head MRI?)")
+    if not small.any():  # the box network found nothing: let HD-BET's network see everything
+        return [[0, int(n)] for n in ras.shape]
     bounds = []
     for axis, (n, small_n) in enumerate(zip(ras.shape, SMALL_SHAPE)):
         other = tuple(a for a in range(3) if a != axis)
