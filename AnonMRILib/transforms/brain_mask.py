@@ -9,8 +9,8 @@ Backends (``BACKENDS``):
 - ``hdbet`` (the ``auto`` default): HD-BET's U-Net (Isensee et al. 2019; fold 0 of its five,
   Apache-2.0) on AnonMRI's safetensors copy of the weights, HD-BET's "fast" mode run only on a
   box around the brain (found by deepbet's bounding-box network) at 1.75 mm, holes filled
-  (:mod:`~AnonMRILib.transforms.brain_extraction.hdbet`); ~17 CPU-seconds and ~1 GB for a 1 mm
-  head, an estimated 13-14 s on 2 idle CPU cores (HD-BET's whole field of view at 1.5 mm took
+  (:mod:`~AnonMRILib.transforms.brain_extraction.hdbet`); 17-19 CPU-seconds and ~1.1 GB for a
+  1 mm head, an estimated 13-14.5 s on 2 idle CPU cores (HD-BET's whole field of view at 1.5 mm took
   40-48 s and 2.3 GB). Chosen from the benchmark in the README
   (``Training/benchmark_brain_mask.py``): of the settings within 15 s on 2 cores, the highest
   mean Dice against ROBEX on the three heads other than sub-01.

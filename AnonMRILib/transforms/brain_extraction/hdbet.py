@@ -88,8 +88,8 @@ class HDBetConfig:
     that run a 1 mm head in <= 15 s on 2 idle CPU cores, the highest mean Dice against ROBEX on
     the three heads other than sub-01 (``Training/benchmark_brain_mask.py``): crop at 1.75 mm
     0.9528, at 2 mm 0.9481 (deepbet 0.9456); the crop at 1.5 mm (0.9530) and the whole field
-    of view at 1.5 mm (0.9548, HD-BET's own mode, :data:`WHOLE_FIELD_OF_VIEW`) take ~20 s and
-    ~40 s. Held out, sub-01: 0.9539 (whole field of view: 0.9549).
+    of view at 1.5 mm (0.9548, HD-BET's own mode, :data:`WHOLE_FIELD_OF_VIEW`) take ~17 s and
+    40-48 s. Held out, sub-01: 0.9539 (whole field of view: 0.9549).
     """
 
     crop_to_brain: bool = True
