@@ -2,8 +2,10 @@
 
 A thin scripted module: the panel (``Resources/UI/AnonMRI.ui``) is bound to a parameter node, the
 Logic converts MRML nodes to and from the library's ``Volume`` (``AnonMRIModuleLib``, Qt-free) and
-every computation happens in the bundled, Slicer-free library ``AnonMRILib``. The long step runs in
-a worker thread polled by a QTimer, so Slicer stays responsive and Cancel works.
+every computation happens in the bundled, Slicer-free library ``AnonMRILib``. Long work (anonymizing,
+brain masks, face renderings, scores) runs in a separate ``PythonSlicer`` process polled by a QTimer
+(``AnonMRIModuleLib.tasks``), so Slicer stays responsive and Cancel kills the process at once; the
+console API below runs synchronously in the calling thread.
 
 Console scripting (in Slicer's Python console)::
 
@@ -55,8 +57,8 @@ _ensureLibraryImportable()
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from AnonMRIModuleLib import core, dependencies, mrml, render3d  # noqa: E402
-from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, BackgroundTask  # noqa: E402
+from AnonMRIModuleLib import core, dependencies, jobs, mrml, render3d  # noqa: E402
+from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, JobPoller, ProcessTask  # noqa: E402
 
 
 def _segmentationNodeClass():
@@ -171,9 +173,9 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.logic = None
         self._parameterNode = None
         self._parameterNodeGuiTag = None
-        self._jobs = []
         self._timer = qt.QTimer()
         self._timer.setInterval(TIMER_INTERVAL_MS)
+        self._poller = JobPoller(self._timer)
         self._timer.connect("timeout()", self._onTimer)
 
     def setup(self) -> None:
@@ -196,11 +198,15 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.deviceInfoLabel.text = self._deviceInfoText()
         self.initializeParameterNode()
 
+    @property
+    def _jobs(self):
+        """The running jobs (dicts with ``task`` and ``kind``)."""
+        return self._poller.jobs
+
     def cleanup(self) -> None:
+        self._poller.cancel_all()  # kills the worker processes, deletes their job folders
+        self._poller.tick()
         self._timer.stop()
-        for task, _kind, _onDone in self._jobs:
-            task.cancel()
-        self._jobs = []
         self.removeObservers()
 
     def enter(self) -> None:
@@ -213,8 +219,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateGUIState)
 
     def onSceneStartClose(self, caller, event) -> None:
-        for task, _kind, _onDone in self._jobs:  # their results would have nowhere to go
-            task.cancel()
+        self._poller.cancel_all()  # their results would have nowhere to go
         self.setParameterNode(None)
 
     def onSceneEndClose(self, caller, event) -> None:
@@ -280,50 +285,52 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         return _("Available: {devices}").format(devices=", ".join(devices))
 
     # --- background jobs -----------------------------------------------------------------------
-    # A job is (BackgroundTask, kind, onDone); the QTimer polls them all. Only the "anonymize" job
-    # drives the progress bar and can be cancelled with the Cancel button; previews and scores are
-    # shorter and report in the status line.
-    def _startJob(self, function, kind: str, onDone) -> BackgroundTask:
-        task = BackgroundTask(function, f"AnonMRI {kind}").start()
-        self._jobs.append((task, kind, onDone))
+    # A job is a ProcessTask (a separate PythonSlicer process) polled by the QTimer through a
+    # JobPoller. Only the "anonymize" job drives the progress bar; Cancel kills every running job.
+    @staticmethod
+    def _pythonSlicerCandidates():
+        """Slicer's own PythonSlicer (the worker runs with Slicer's Python packages)."""
+        home = getattr(slicer.app, "slicerHome", "") or ""
+        return [os.path.join(home, "bin", name) for name in ("PythonSlicer", "PythonSlicer.exe")]
+
+    def _startJob(self, entry: str, volumes, options, kind: str, onDone) -> ProcessTask:
+        task = ProcessTask(entry, volumes, options, name=f"AnonMRI {kind}",
+                           python_candidates=self._pythonSlicerCandidates()).start()
+        onStatus = None
         if kind == "anonymize":
             self.ui.progressBar.value = 0
             self.ui.statusLabel.text = _("Starting...")
-        self._timer.start()
+            onStatus = self._showProgress
+        self._poller.add(task, kind, lambda result, status: self._onJobDone(onDone, result, status),
+                         on_status=onStatus, on_end=lambda endedTask, status: self._onJobEnded(kind, endedTask, status))
         self._updateGUIState()
         return task
 
     def _job(self, kind: str):
-        for task, jobKind, _onDone in self._jobs:
-            if jobKind == kind:
-                return task
-        return None
+        return self._poller.job(kind)
 
     def _onTimer(self) -> None:
-        """Poll the background jobs (GUI thread): progress, then their results into the scene."""
-        for job in list(self._jobs):
-            task, kind, onDone = job
-            status = task.status()
-            if kind == "anonymize":
-                self.ui.progressBar.value = int(round(1000 * status.fraction))
-                self.ui.statusLabel.text = f"{status.message} ({status.elapsed_s:.0f} s)"
-            if not status.finished:
-                continue
-            self._jobs.remove(job)
-            if status.state == DONE and self._parameterNode is None:
-                continue  # the scene was closed meanwhile
-            if status.state == DONE:
-                with slicer.util.tryWithErrorDisplay(_("AnonMRI could not show the result."), waitCursor=True):
-                    onDone(task.result, status)
-            elif status.state == CANCELLED:
-                if kind == "anonymize":
-                    self.ui.progressBar.value = 0
-                self.ui.statusLabel.text = _("Cancelled; nothing was added to the scene.")
-            elif status.state == FAILED:
-                self._reportFailure(kind, task)
-        if not self._jobs:
-            self._timer.stop()
+        """Poll the worker processes (GUI thread): progress, then their results into the scene."""
+        self._poller.tick()
         self._updateGUIState()
+
+    def _showProgress(self, status) -> None:
+        self.ui.progressBar.value = int(round(1000 * status.fraction))
+        self.ui.statusLabel.text = f"{status.message} ({status.elapsed_s:.0f} s)"
+
+    def _onJobDone(self, onDone, result, status) -> None:
+        if self._parameterNode is None:
+            return  # the scene was closed meanwhile
+        with slicer.util.tryWithErrorDisplay(_("AnonMRI could not show the result."), waitCursor=True):
+            onDone(result, status)
+
+    def _onJobEnded(self, kind: str, task, status) -> None:
+        if status.state == CANCELLED:
+            if kind == "anonymize":
+                self.ui.progressBar.value = 0
+            self.ui.statusLabel.text = _("Cancelled; nothing was added to the scene.")
+        elif status.state == FAILED:
+            self._reportFailure(kind, task)
 
     def _reportFailure(self, kind: str, task) -> None:
         logging.error(task.error_traceback)
@@ -347,12 +354,13 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             request = self.logic.prepare(p.method, p.inputVolume, p.brainMask, p.lesionSegmentation,
                                          weights=weights, device=p.device, seed=p.seed, rotations=p.rotations,
                                          samplingSteps=p.samplingSteps)
-            self._startJob(lambda progress: core.run_request(request, progress), "anonymize",
-                           lambda output, status: self._onAnonymized(request, output, status))
+            entry, volumes, options = jobs.request_job(request)
+            self._startJob(entry, volumes, options, "anonymize",
+                           lambda result, status: self._onAnonymized(request, result, status))
 
-    def _onAnonymized(self, request, output, status) -> None:
-        """The worker's Volume becomes a new node named after the input; then previews and scores."""
-        outputNode = self.logic.addOutput(request, output)
+    def _onAnonymized(self, request, result, status) -> None:
+        """The worker's Volume becomes a new neutrally named node; then previews and scores."""
+        outputNode = self.logic.addOutput(request, result["output"])
         self._parameterNode.outputVolume = outputNode
         slicer.util.setSliceViewerLayers(background=outputNode, fit=True)
         self.ui.statusLabel.text = _("Done in {seconds:.0f} s: '{name}'.").format(
@@ -361,10 +369,8 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._startScores()
 
     def onCancelButton(self) -> None:
-        task = self._job("anonymize")
-        if task is not None:
-            task.cancel()
-            self.ui.statusLabel.text = _("Cancelling at the next progress step...")
+        self._poller.cancel_all()  # kills the worker processes now
+        self._onTimer()
 
     # --- previews ------------------------------------------------------------------------------
     def onPreviewButton(self) -> None:
@@ -381,19 +387,12 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         """The library's face renderings of input (and output), computed in a worker thread."""
         if inputNode is None:
             return
-        volumes = [mrml.volume_from_node(node) for node in (inputNode, outputNode) if node is not None]
-        view = self._parameterNode.previewView
-
-        def render(progress):
-            renderFace = core.library_function("render")
-            images = []
-            for index, volume in enumerate(volumes):
-                progress(index / len(volumes), _("rendering face {n}").format(n=index + 1))
-                images.append(core.call_with_supported_options(renderFace, volume, view=view, size=256,
-                                                               device="auto"))
-            return images
-
-        self._startJob(render, "preview", self._showPreviews)
+        volumes = {"image": mrml.volume_from_node(inputNode)}
+        if outputNode is not None:
+            volumes["output"] = mrml.volume_from_node(outputNode)
+        options = {"view": self._parameterNode.previewView, "size": 256, "device": self._parameterNode.device}
+        self._startJob(jobs.RENDER, volumes, options, "preview",
+                       lambda result, status: self._showPreviews([result[k] for k in sorted(result)], status))
 
     def _showPreviews(self, images, status) -> None:
         labels = [self.ui.inputPreviewLabel, self.ui.outputPreviewLabel]
@@ -420,7 +419,8 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             p.scoresTable = table
             self._showScoresTable(table)
 
-        self._startJob(lambda progress: core.run_scores(request, progress), "scores", showScores)
+        entry, volumes, options = jobs.scores_job(request)
+        self._startJob(entry, volumes, options, "scores", lambda result, status: showScores(result["scores"], status))
 
     def _showScoresTable(self, tableNode=None) -> None:
         self.ui.scoresTableView.setMRMLTableNode(tableNode)
@@ -622,7 +622,7 @@ class AnonMRITest(ScriptedLoadableModuleTest):
         self._waitForJobs(widget)
         output = p.outputVolume
         self.assertIsNotNone(output, widget.ui.statusLabel.text)
-        self.assertTrue(output.GetName().startswith("AnonMRI sample head anonymized ("))
+        self.assertTrue(output.GetName().startswith("Anonymized 1 ("))
         operation, _removal = core.parse_method_label(method)
         if operation == core.REMODEL:
             inside = slicer.util.arrayFromVolume(brain) > 0

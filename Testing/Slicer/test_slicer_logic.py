@@ -1,8 +1,6 @@
 """The module's logic core against real MRML nodes (slicer-core): requests, outputs, library calls."""
 import importlib
 import inspect
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -10,7 +8,6 @@ import pytest
 from AnonMRILib.errors import InputError, WeightsError
 from AnonMRILib.io.volume import Volume
 from AnonMRIModuleLib import core, mrml
-from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, BackgroundTask
 from slicer_helpers import require_slicer_core, rotated_affine, synthetic_head
 
 slicer = require_slicer_core()  # skips this module without slicer-core
@@ -46,7 +43,7 @@ def _keep_brain_blank_rest(volume, brain_mask=None, weights=None, device="auto",
     return volume.with_array(out)
 
 
-def test_process_names_the_output_after_the_input_and_keeps_geometry_and_transform(scene, head_nodes, monkeypatch):
+def test_process_gives_the_output_a_neutral_name_and_keeps_geometry_and_transform(scene, head_nodes, monkeypatch):
     head, brain, head_node, brain_node = head_nodes
     transform = scene.AddNewNodeByClass("vtkMRMLLinearTransformNode", "registration")
     shift = np.eye(4)
@@ -58,7 +55,7 @@ def test_process_names_the_output_after_the_input_and_keeps_geometry_and_transfo
     messages = []
     logic = core.AnonMRILogicCore(scene)
     out = logic.remodelFace(head_node, brain_node, seed=5, rotations=7, progress=lambda f, m: messages.append(m))
-    assert out.GetName() == "sub-07 T1w anonymized (CP-GAN)"
+    assert out.GetName() == "Anonymized 1 (CP-GAN)"
     assert out.GetParentTransformNode() is transform
     result = mrml.volume_from_node(out, world=False)
     np.testing.assert_allclose(result.affine, head.affine, atol=1e-9)
@@ -116,57 +113,6 @@ def test_request_holds_no_mrml_object(scene, head_nodes):
     assert request.options == {} and request.weights is None and request.seed == 3
 
 
-# --- background task ------------------------------------------------------------------------------
-def test_background_task_reports_progress_and_returns_the_result():
-    release = threading.Event()
-
-    def work(progress):
-        progress(0.25, "a quarter")
-        release.wait(5)
-        progress(0.75, "three quarters")
-        return 42
-
-    task = BackgroundTask(work).start()
-    deadline = time.monotonic() + 5
-    while task.status().fraction < 0.25 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    status = task.status()
-    assert status.state == "running" and status.fraction == 0.25 and status.message == "a quarter"
-    release.set()
-    assert task.wait(5)
-    assert task.status().state == DONE and task.status().fraction == 1.0 and task.result == 42
-
-
-def test_background_task_cancel_stops_at_the_next_progress_call():
-    calls = []
-
-    def work(progress):
-        for step in range(1000):
-            progress(step / 1000, "working")
-            calls.append(step)
-            time.sleep(0.002)
-        return "finished"
-
-    task = BackgroundTask(work).start()
-    time.sleep(0.05)
-    task.cancel()
-    assert task.wait(5)
-    assert task.status().state == CANCELLED and task.result is None
-    assert len(calls) < 1000
-
-
-def test_background_task_failure_keeps_the_error():
-    def work(progress):
-        raise InputError("the image is constant")
-
-    task = BackgroundTask(work).start()
-    assert task.wait(5)
-    assert task.status().state == FAILED
-    assert isinstance(task.error, InputError) and "Traceback" in task.error_traceback
-    with pytest.raises(RuntimeError):
-        task.start()
-
-
 # --- the real library ------------------------------------------------------------------------------
 def test_render_face_through_the_logic_is_an_image_in_unit_range(scene, head_nodes):
     pytest.importorskip("torch")
@@ -189,7 +135,7 @@ def test_deface_through_the_logic_keeps_brain_voxels(scene):
     method = "quickshear" if "quickshear" in methods else methods[0]
     messages = []
     out = logic.deface(head_node, method, brain_node, progress=lambda fraction, message: messages.append(fraction))
-    assert out.GetName() == f"sample anonymized ({method})"
+    assert out.GetName() == f"Anonymized 1 ({method})"
     result = mrml.volume_from_node(out)
     assert result.same_grid(head) and result.dtype == head.dtype
     inside = brain.array > 0
@@ -215,7 +161,7 @@ def test_remodel_with_a_weights_file_through_the_logic_keeps_brain_voxels(scene,
                    {"training": "none: random initialisation for a test"})
     logic = core.AnonMRILogicCore(scene)
     out = logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3)
-    assert out.GetName() == "sub-07 T1w anonymized (CP-GAN)"
+    assert out.GetName() == "Anonymized 1 (CP-GAN)"
     result = mrml.volume_from_node(out)
     assert result.same_grid(head) and result.dtype == head.dtype
     inside = brain.array > 0
@@ -242,7 +188,7 @@ def test_remodel_sample_with_bundled_weights_through_the_logic_keeps_brain_voxel
         out = core.AnonMRILogicCore(scene).remodelFace(head_node, brain_node, device="cpu", seed=0)
     except WeightsError as error:
         pytest.skip(f"the bundled CP-GAN weights are not in this checkout yet: {error}")
-    assert out.GetName() == "sample anonymized (CP-GAN)"
+    assert out.GetName() == "Anonymized 1 (CP-GAN)"
     result = mrml.volume_from_node(out)
     inside = brain.array > 0
     np.testing.assert_array_equal(result.array[inside], head.array[inside])
@@ -293,7 +239,7 @@ def test_lesion_anonymization_gets_the_segmentation_as_a_mask_on_the_image_grid(
 
     monkeypatch.setattr(core, "library_function", lambda operation: lesion_pipeline)
     out = core.AnonMRILogicCore(scene).anonymizeLesions(head_node, segmentation, seed=4, samplingSteps=20)
-    assert out.GetName() == "sub-07 T1w anonymized (lesion-preserving)"
+    assert out.GetName() == "Anonymized 1 (lesion-preserving)"
     np.testing.assert_array_equal(received["mask"].array, labels)
     assert received["mask"].same_grid(head) and received["seed"] == 4 and received["steps"] == 20
     result = mrml.volume_from_node(out)

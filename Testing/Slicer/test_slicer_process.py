@@ -1,0 +1,147 @@
+"""Long work in a separate process (AnonMRILib.worker + AnonMRIModuleLib.tasks), with real MRML nodes.
+
+The panel's QTimer is replaced by the test's own loop calling :meth:`JobPoller.tick` every 100 ms on
+the main thread; the gaps between ticks are measured while a CP-GAN remodel runs in the worker.
+"""
+import os
+import stat
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from AnonMRILib.errors import InputError
+from AnonMRILib.worker import event_line, parse_line
+from AnonMRIModuleLib import core, jobs, mrml
+from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, JobPoller, ProcessTask, python_executable
+from slicer_helpers import require_slicer_core, rotated_affine, synthetic_head
+
+slicer = require_slicer_core()  # skips this module without slicer-core
+
+
+class FakeTimer:
+    """Stands in for qt.QTimer: the poller starts and stops it; the test loop delivers the ticks."""
+
+    def __init__(self):
+        self.active = False
+
+    def start(self):
+        self.active = True
+
+    def stop(self):
+        self.active = False
+
+
+def _run_timer(poller, timer, interval_s=0.1, timeout_s=120.0):
+    """Tick like a 100 ms QTimer on this (the main) thread; returns the tick times."""
+    ticks = [time.monotonic()]
+    deadline = ticks[0] + timeout_s
+    while timer.active and time.monotonic() < deadline:
+        next_tick = ticks[-1] + interval_s
+        time.sleep(max(0.0, next_tick - time.monotonic()))
+        ticks.append(time.monotonic())
+        poller.tick()
+    assert not timer.active, "the job did not finish in time"
+    return np.array(ticks)
+
+
+@pytest.fixture
+def head_nodes(scene):
+    head, brain = synthetic_head(affine=rotated_affine(spacing=(3.0, 3.0, 3.0)))
+    head_node = mrml.add_volume_node(scene, head, "Doe^Jane 1970-01-01 T1w")
+    brain_node = mrml.add_volume_node(scene, brain, "Doe^Jane brain", labelmap=True)
+    return head, brain, head_node, brain_node
+
+
+def test_event_lines_round_trip_and_log_lines_are_not_events():
+    line = event_line("progress", fraction=0.5, message="half")
+    assert parse_line(line + "\n") == {"event": "progress", "fraction": 0.5, "message": "half"}
+    assert parse_line("UserWarning: something") is None
+    assert parse_line("ANONMRI {not json") is None
+
+
+def test_python_executable_prefers_a_given_pythonslicer_then_this_python(tmp_path):
+    fake = tmp_path / "PythonSlicer"
+    fake.write_text("")
+    assert python_executable([str(tmp_path / "missing"), str(fake)]) == str(fake)
+    assert python_executable([str(tmp_path / "missing")]) == sys.executable  # outside Slicer
+
+
+def test_remodel_in_a_separate_process_keeps_the_main_thread_timer_ticking(scene, head_nodes, tmp_path):
+    """The panel's path: request -> job folder -> worker process -> result node; GUI timer <= 150 ms."""
+    head, brain, head_node, brain_node = head_nodes
+    logic = core.AnonMRILogicCore(scene)
+    request = logic.prepare(core.REMODEL_LABEL, head_node, brain_node, device="cpu", seed=3, checkBrainMask=False)
+    entry, volumes, options = jobs.request_job(request)
+    task = ProcessTask(entry, volumes, options, temporary_parent=str(tmp_path))
+    timer = FakeTimer()
+    poller = JobPoller(timer)
+    seen, finished = [], []
+    task.start()
+    folder = task.folder
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert sorted(os.listdir(folder)) == ["brain_mask.nrrd", "image.nrrd", "job.json"]  # neutral names
+    poller.add(task, "anonymize", lambda result, status: finished.append(result),
+               on_status=lambda status: seen.append(status.fraction))
+    ticks = _run_timer(poller, timer)
+    gaps = np.diff(ticks)
+    print(f"remodel in a worker process: {ticks[-1] - ticks[0]:.1f} s, {len(gaps)} ticks, "
+          f"largest gap {1000 * gaps.max():.0f} ms")
+    assert gaps.max() <= 0.150
+    assert task.status().state == DONE, task.error_traceback
+    assert any(0.0 < f < 1.0 for f in seen) and seen == sorted(seen)  # progress came from the process
+    assert not folder.exists() and os.listdir(tmp_path) == []  # nothing of the patient is left
+    output = finished[0]["output"]
+    node = logic.addOutput(request, output)
+    assert node.GetName() == "Anonymized 1 (CP-GAN)"
+    result = mrml.volume_from_node(node)
+    inside = brain.array > 0
+    np.testing.assert_array_equal(result.array[inside], head.array[inside])
+    assert (result.array[~inside] != head.array[~inside]).mean() > 0.05
+
+
+def test_cancel_kills_the_worker_within_a_second_and_leaves_no_file(head_nodes, tmp_path):
+    head, brain, head_node, brain_node = head_nodes
+    request = core.AnonymizationRequest(operation=core.REMODEL, image=head, brain_mask=brain, device="cpu",
+                                        check_brain_mask=False)
+    task = ProcessTask(*jobs.request_job(request), temporary_parent=str(tmp_path)).start()
+    deadline = time.monotonic() + 60
+    while task.status().fraction <= 0.0 and time.monotonic() < deadline:  # the worker is computing
+        time.sleep(0.05)
+    process = task.process
+    assert process.poll() is None
+    start = time.monotonic()
+    task.cancel()
+    elapsed = time.monotonic() - start
+    assert process.poll() is not None and elapsed < 1.0
+    assert task.status().state == CANCELLED and task.result is None
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_library_error_in_the_worker_comes_back_as_the_same_error_class(head_nodes, tmp_path):
+    head, _, _, _ = head_nodes
+    request = core.AnonymizationRequest(operation=core.DEFACE, method="no-such-method", image=head,
+                                        brain_mask=head.with_array((head.array > 400).astype(np.uint8)),
+                                        check_brain_mask=False)
+    task = ProcessTask(*jobs.request_job(request), temporary_parent=str(tmp_path)).start()
+    assert task.wait(120)
+    assert task.status().state == FAILED
+    assert isinstance(task.error, InputError) and "no-such-method" in str(task.error)
+    assert "Traceback" in task.error_traceback
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(InputError):
+        task.run()
+
+
+def test_poller_calls_on_end_for_a_cancelled_job_and_stops_its_timer(head_nodes, tmp_path):
+    head, _, _, _ = head_nodes
+    task = ProcessTask(jobs.RENDER, {"image": head}, {"size": 32}, temporary_parent=str(tmp_path)).start()
+    timer, ended = FakeTimer(), []
+    poller = JobPoller(timer)
+    poller.add(task, "preview", lambda result, status: None, on_end=lambda t, status: ended.append(status.state))
+    assert poller.job("preview") is task and timer.active
+    poller.cancel_all()
+    poller.tick()
+    assert ended == [CANCELLED] and not timer.active and poller.job("preview") is None
+    assert os.listdir(tmp_path) == []
