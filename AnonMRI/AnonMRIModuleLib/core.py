@@ -365,6 +365,25 @@ def mark_result(node, role: str) -> None:
         sh.CreateItem(folder, node)
 
 
+def neutral_file_name(name: str, suffix: str = ".nrrd") -> str:
+    """A file name from a neutral node name: "Anonymized 1 (CP-GAN)" -> "Anonymized_1_CP-GAN.nrrd"."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_") + suffix
+
+
+def set_default_file_name(node, name: str) -> None:
+    """Give ``node`` a storage node whose file name (what Save offers) is the neutral ``name``."""
+    storage = node.GetStorageNode()
+    if storage is None:
+        storage = node.CreateDefaultStorageNode()
+        if storage is None:
+            return
+        node.GetScene().AddNode(storage)
+        node.SetAndObserveStorageNodeID(storage.GetID())
+    storage.SetFileName(neutral_file_name(name, "." + (storage.GetDefaultWriteFileExtension() or "nrrd")))
+
+
 def mark_original(node) -> None:
     """Tag an input volume as the original (see :func:`original_data_in_scene`)."""
     if not node.GetAttribute(ROLE_ATTRIBUTE):
@@ -373,7 +392,8 @@ def mark_original(node) -> None:
 
 def original_data_in_scene(scene) -> List[str]:
     """Descriptions of what in ``scene`` belongs to the original study (no patient values)."""
-    found = [f"input volume '{node.GetName()}'" for node in _nodes_with_role(scene, ORIGINAL_ROLE)]
+    originals = len(_nodes_with_role(scene, ORIGINAL_ROLE))
+    found = [f"{originals} input volume(s) that AnonMRI anonymized"] if originals else []
     sh = _subject_hierarchy(scene)
     if sh is not None:
         import vtk
@@ -514,6 +534,7 @@ class AnonMRILogicCore:
         name = neutral_output_name(scene, request.output_name or short_method_name(request.operation, request.method))
         node = mrml.add_volume_node(scene, output, name, parent_transform_node=transform)
         mark_result(node, ANONYMIZED_ROLE)
+        set_default_file_name(node, name)
         return node
 
     def addBrainMask(self, mask: Volume, outputNode=None, volumeNode=None):
@@ -524,6 +545,7 @@ class AnonMRILogicCore:
                                           segment_name="brain", color=(0.9, 0.7, 0.2),
                                           parent_transform_node=transform)
         mark_result(node, BRAIN_MASK_ROLE)
+        set_default_file_name(node, node.GetName())
         return node
 
     def process(self, method: str, volumeNode, brainMaskNode=None, lesionNode=None,
@@ -610,4 +632,5 @@ class AnonMRILogicCore:
             name = name or neutral_name(scene, "Scores", SCORES_ROLE)
         table = mrml.scores_table_node(scene, scores, name=name or tableNode.GetName(), table_node=tableNode)
         mark_result(table, SCORES_ROLE)
+        set_default_file_name(table, table.GetName())
         return table
