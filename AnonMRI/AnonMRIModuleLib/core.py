@@ -590,11 +590,14 @@ class AnonMRILogicCore:
 
     def anonymizeLesions(self, volumeNode, segmentationNode, brainMaskNode=None, weights=None,
                          device: str = "auto", seed: int = 0, samplingSteps: int = 0,
-                         segments: Optional[Sequence[str]] = None, progress: Optional[ProgressCallback] = None):
+                         segments: Optional[Sequence[str]] = None, progress: Optional[ProgressCallback] = None,
+                         exactLesion: bool = False):
         """Lesion-preserving anonymization with the lesion from ``segmentationNode`` (segments: all
-        or the names given). Returns the new volume node."""
+        or the names given). ``weights``: None (shipped) or a folder. ``exactLesion``: lesion voxels
+        kept bit for bit. Returns the new volume node."""
         return self.process(LESION, volumeNode, brainMaskNode, segmentationNode, progress, weights=weights,
-                            device=device, seed=seed, samplingSteps=samplingSteps, lesionSegments=segments)
+                            device=device, seed=seed, samplingSteps=samplingSteps, lesionSegments=segments,
+                            exactLesion=exactLesion)
 
     def deface(self, volumeNode, method: str, brainMaskNode=None, progress: Optional[ProgressCallback] = None):
         """A removal baseline (``method`` from :func:`removal_methods`). Returns the new volume node."""

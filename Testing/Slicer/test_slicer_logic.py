@@ -246,13 +246,71 @@ def test_lesion_anonymization_gets_the_segmentation_as_a_mask_on_the_image_grid(
     np.testing.assert_array_equal(result.array[labels > 0], head.array[labels > 0])
 
 
-def test_lesion_anonymization_through_the_logic_with_the_shipped_models(scene, head_nodes):
-    """The real lesion pipeline behind the panel: output on the input grid, the rest regenerated."""
+def test_lesion_method_with_the_shipped_weights_folder_and_exact_lesion_voxels(scene, head_nodes):
+    """The panel's lesion options: a weights *folder* (a file is refused), exact lesion voxels kept."""
+    from AnonMRILib.models import lesion_weights
+
     head, _, head_node, _ = head_nodes
     labels = np.zeros(head.shape, np.uint8)
     labels[12:16, 14:20, 10:14] = 1
     lesion_node = mrml.add_volume_node(scene, head.with_array(labels), "lesion labels", labelmap=True)
-    out = core.AnonMRILogicCore(scene).anonymizeLesions(head_node, lesion_node, device="cpu", seed=1, samplingSteps=3)
+    logic = core.AnonMRILogicCore(scene)
+    vae_file, _ = lesion_weights.resolve_weights(None)
+    folder = str(vae_file.parent)
+    with pytest.raises(InputError, match="weights folder"):
+        logic.anonymizeLesions(head_node, lesion_node, weights=str(vae_file), device="cpu", samplingSteps=2)
+    out = logic.anonymizeLesions(head_node, lesion_node, weights=folder, device="cpu", seed=1, samplingSteps=2,
+                                 exactLesion=True)
     result = mrml.volume_from_node(out)
-    assert result.same_grid(head) and result.dtype == head.dtype
-    assert (result.array[labels == 0] != head.array[labels == 0]).mean() > 0.05
+    inside = labels > 0
+    np.testing.assert_array_equal(result.array[inside], head.array[inside])
+    assert (result.array[~inside] != head.array[~inside]).mean() > 0.05
+
+
+def test_a_computed_brain_mask_uses_the_chosen_device_comes_back_and_becomes_a_segmentation(scene, head_nodes,
+                                                                                                monkeypatch):
+    """Without a brain mask the run computes one on the chosen device first, hands it to the pipeline,
+    returns it (jobs.anonymize), and the Logic shows it as an editable segmentation with the same voxels."""
+    from AnonMRIModuleLib import jobs
+
+    head, brain, head_node, _ = head_nodes
+    calls = {}
+
+    def fake_mask(image, device="auto", progress=None):
+        calls["device"] = device
+        return brain
+
+    def pipeline(volume, brain_mask=None, weights=None, device="auto", seed=0, progress=None):
+        calls["pipeline_mask"] = brain_mask
+        return volume.with_array(np.where(brain_mask.array > 0, volume.array, 0).astype(volume.dtype))
+
+    monkeypatch.setattr(core, "compute_brain_mask", fake_mask)
+    monkeypatch.setattr(core, "library_function", lambda operation: pipeline)
+    logic = core.AnonMRILogicCore(scene)
+    request = logic.prepare(core.REMODEL_LABEL, head_node, None, device="cuda:1")
+    result = jobs.anonymize(*jobs.request_job(request)[1:])
+    assert calls["device"] == "cuda:1" and calls["pipeline_mask"] is brain
+    assert result["brain_mask"] is brain
+    output = logic.addOutput(request, result["output"], head_node)
+    segmentation = logic.addBrainMask(result["brain_mask"], output, head_node)
+    assert segmentation.IsA("vtkMRMLSegmentationNode") and segmentation.GetName() == "Brain mask 1"
+    back = mrml.mask_from_node(segmentation, head_node)
+    np.testing.assert_array_equal(back.array, brain.array)
+    # the scores reuse it: the request carries these voxels, nothing is computed again
+    calls.clear()
+    scores_request = logic.prepareScores(head_node, output, segmentation)
+    np.testing.assert_array_equal(scores_request.brain_mask.array, brain.array)
+    assert "device" not in calls
+
+
+def test_a_given_whole_head_mask_is_refused_when_the_library_has_the_plausibility_check(scene):
+    if core.plausibility_checker() is None:
+        pytest.skip("this AnonMRILib has no transforms.plausibility.check_brain_mask yet")
+    from AnonMRILib.sample_data import load_sample_head
+
+    head = load_sample_head()
+    head_node = mrml.add_volume_node(scene, head, "sample")
+    whole_head = mrml.add_volume_node(scene, head.with_array((head.array > np.percentile(head.array, 60))
+                                                             .astype(np.uint8)), "head", labelmap=True)
+    with pytest.raises(InputError):
+        core.AnonMRILogicCore(scene).deface(head_node, core.removal_methods()[0], whole_head)
