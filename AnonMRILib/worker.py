@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .errors import AnonMRIError, InputError
+from .errors import AnonMRIError, DependencyError, InputError
 from .io.volume import Volume
 
 #: prefix of every event line the worker prints (other lines on stdout/stderr are log text)
@@ -183,6 +183,10 @@ def run_job(job_path: Path, out=None) -> int:
         result = function(volumes, dict(job.get("options", {})), progress)
         files = write_outputs(job_path.parent, result)
     except BaseException as error:  # reported to the parent as one parseable line
+        if isinstance(error, ImportError) and not isinstance(error, AnonMRIError):
+            missing = getattr(error, "name", None) or str(error)
+            error = DependencyError(f"this method needs the Python package '{missing}', which cannot be imported "
+                                    f"here ({error})")
         emit(event_line("error", type=type(error).__name__, message=str(error),
                         user_error=isinstance(error, AnonMRIError), traceback=traceback.format_exc()))
         return 2 if isinstance(error, AnonMRIError) else 1

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from AnonMRILib.errors import InputError
+from AnonMRILib.errors import DependencyError, InputError
 from AnonMRILib.worker import event_line, parse_line
 from AnonMRIModuleLib import core, jobs, mrml
 from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, JobPoller, ProcessTask, python_executable
@@ -144,4 +144,44 @@ def test_poller_calls_on_end_for_a_cancelled_job_and_stops_its_timer(head_nodes,
     poller.cancel_all()
     poller.tick()
     assert ended == [CANCELLED] and not timer.active and poller.job("preview") is None
+    assert os.listdir(tmp_path) == []
+
+
+BLOCK_TORCH = """
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "monai"):
+            raise ImportError("no " + name + " in this test")
+sys.meta_path.insert(0, Block())
+sys.argv = ["AnonMRILib.worker", sys.argv[1]]
+runpy.run_module("AnonMRILib.worker", run_name="__main__")
+"""
+
+
+class NoTorchTask(ProcessTask):
+    """The worker started in a Python where torch and MONAI cannot be imported."""
+
+    def command(self, job_path):
+        return [sys.executable, "-c", BLOCK_TORCH, str(job_path)]
+
+
+def test_a_removal_method_with_a_brain_mask_runs_in_a_worker_without_torch(tmp_path):
+    from AnonMRILib.sample_data import load_sample_brain_mask, load_sample_head
+
+    head, brain = load_sample_head(), load_sample_brain_mask()
+    method = "quickshear" if "quickshear" in core.removal_methods() else core.removal_methods()[0]
+    request = core.AnonymizationRequest(operation=core.DEFACE, method=method, image=head, brain_mask=brain,
+                                        check_brain_mask=False)
+    task = NoTorchTask(*jobs.request_job(request), temporary_parent=str(tmp_path)).start()
+    assert task.wait(120)
+    assert task.status().state == DONE, task.error_traceback
+    output = task.result["output"]
+    np.testing.assert_array_equal(output.array[brain.array > 0], head.array[brain.array > 0])
+    assert not np.array_equal(output.array, head.array)
+    # the same worker refuses a learned method there, with the library's clear error
+    request = core.AnonymizationRequest(operation=core.REMODEL, image=head, brain_mask=brain, check_brain_mask=False)
+    failed = NoTorchTask(*jobs.request_job(request), temporary_parent=str(tmp_path)).start()
+    assert failed.wait(120) and failed.status().state == FAILED
+    assert isinstance(failed.error, DependencyError) and "torch" in str(failed.error)
     assert os.listdir(tmp_path) == []
