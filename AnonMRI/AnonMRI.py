@@ -100,7 +100,7 @@ De-identify MRI by <b>remodeling</b> the face (CP-GAN: a new face, skull and sca
 every brain voxel is kept bit for bit) or the non-lesion anatomy (lesion-preserving latent diffusion),
 or with a classic removal baseline (defacing, skull stripping, blurring). Preview ray-cast face
 renderings of input and output, and check per-scan anonymity and utility scores.
-See the <a href="https://github.com/AnonMRI/AnonMRI">project page</a>.
+See the <a href="https://github.com/anonmri/SlicerAnonMRI">project page</a>.
 """)
         self.parent.acknowledgementText = _("""
 Methods after "Conditional De-Identification of 3D Magnetic Resonance Images" (CP-GAN) and a

@@ -209,6 +209,16 @@ def test_top_level_cmakelists_has_what_the_extensions_index_checks():
                  "EXTENSION_ICONURL", "EXTENSION_SCREENSHOTURLS", "EXTENSION_DEPENDS"):
         assert values.get(name, "").strip(), f"{name} is missing or empty"
     assert values["EXTENSION_HOMEPAGE"].startswith("https://")
+    # one project home everywhere: the metadata, the module's help link and the weights' release assets
+    home = values["EXTENSION_HOMEPAGE"].split("#")[0]
+    owner_repo = home.split("github.com/")[1]
+    assert f"githubusercontent.com/{owner_repo}/" in values["EXTENSION_ICONURL"]
+    assert all(f"githubusercontent.com/{owner_repo}/" in url for url in values["EXTENSION_SCREENSHOTURLS"].split())
+    assert home in MODULE_PY.read_text(encoding="utf-8")
+    weights_store = (ROOT / "AnonMRILib" / "weights_store.py").read_text(encoding="utf-8")
+    assert f'"{home}/releases/download/' in weights_store
+    for url in values["EXTENSION_SCREENSHOTURLS"].split():  # the screenshots exist in the repository
+        assert (ROOT / url.split("/main/")[1]).is_file(), url
     assert values["EXTENSION_ICONURL"].startswith("https://") and values["EXTENSION_ICONURL"].endswith(".png")
     assert all(url.startswith("https://") for url in values["EXTENSION_SCREENSHOTURLS"].split())
     order = ["find_package(Slicer REQUIRED)", "include(${Slicer_USE_FILE})", "add_subdirectory(AnonMRI)",
