@@ -57,7 +57,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from AnonMRIModuleLib import compare, core, dependencies, jobs, mrml, render3d  # noqa: E402
-from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, JobPoller, ProcessTask  # noqa: E402
+from AnonMRIModuleLib.tasks import CANCELLED, FAILED, JobPoller, ProcessTask  # noqa: E402
 
 
 def _segmentationNodeClass():
@@ -805,4 +805,23 @@ class AnonMRITest(ScriptedLoadableModuleTest):
             self.assertGreater(p.scoresTable.GetNumberOfRows(), 0)
         widget.onShow3DButton()
         self.assertEqual(slicer.app.layoutManager().layout, slicer.vtkMRMLLayoutNode.SlicerLayoutDual3DView)
+
+        # compare: side by side, the output shown with the input's window/level
+        widget.onCompareButton()
+        self.assertEqual(slicer.app.layoutManager().layout, slicer.vtkMRMLLayoutNode.SlicerLayoutSideBySideView)
+        self.assertEqual(output.GetDisplayNode().GetWindow(), head.GetDisplayNode().GetWindow())
+
+        # export: only the anonymized volume, under a neutral name, into a private folder
+        import shutil
+
+        from AnonMRILib.io.readers import load_volume
+        from AnonMRILib.worker import create_job_folder
+
+        folder = create_job_folder()
+        try:
+            path = os.path.join(str(folder), core.neutral_file_name(output.GetName(), ".nii.gz"))
+            AnonMRILogic().exportAnonymized(output, path)
+            np.testing.assert_array_equal(load_volume(path).array, mrml.volume_from_node(output).array)
+        finally:
+            shutil.rmtree(str(folder), ignore_errors=True)
         self.delayDisplay("Panel test passed")

@@ -135,6 +135,7 @@ def main(argv=None) -> int:
     view.setModel(model)
     view.resizeColumnsToContents()
     panel.resize(420, panel.sizeHint().height())
+    app.processEvents()
     panel.grab().save(str(args.out))
     print(f"{args.out}: {panel.width()}x{panel.height()}, remodel in a worker process {run['seconds']:.1f} s")
     return 0

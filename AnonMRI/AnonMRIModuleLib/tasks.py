@@ -3,7 +3,7 @@
 Slicer's PythonQt main thread holds the GIL whenever Python is idle, so a worker *thread* would
 only run in the gaps of the GUI's timer. A :class:`ProcessTask` instead writes its input volumes
 into a private job folder (``AnonMRILib.worker``: mode 0700, neutral names such as
-``image.nrrd``), starts ``PythonSlicer -m AnonMRILib.worker job.json`` (outside Slicer:
+``image.volume.npy``), starts ``PythonSlicer -m AnonMRILib.worker job.json`` (outside Slicer:
 ``sys.executable``) and reads the worker's event lines from its stdout in a small reader thread
 that only waits on the pipe. The panel calls :meth:`ProcessTask.status` from a ``qt.QTimer``
 through a :class:`JobPoller` (the timer is injected, so tests drive it without Qt). Cancel kills the

@@ -1,5 +1,4 @@
 """Linked before/after comparison and dependency checks of the module (real MRML nodes, no Qt)."""
-import numpy as np
 import pytest
 
 from AnonMRIModuleLib import compare, dependencies, mrml

@@ -1,6 +1,5 @@
 """The module's logic core against real MRML nodes (slicer-core): requests, outputs, library calls."""
 import importlib
-import inspect
 
 import numpy as np
 import pytest

@@ -81,7 +81,8 @@ def test_remodel_in_a_separate_process_keeps_the_main_thread_timer_ticking(scene
     task.start()
     folder = task.folder
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-    assert sorted(os.listdir(folder)) == ["brain_mask.nrrd", "image.nrrd", "job.json"]  # neutral names
+    assert sorted(os.listdir(folder)) == ["brain_mask.volume.json", "brain_mask.volume.npy", "image.volume.json",
+                                          "image.volume.npy", "job.json"]  # neutral names
     poller.add(task, "anonymize", lambda result, status: finished.append(result),
                on_status=lambda status: seen.append(status.fraction))
     ticks = _run_timer(poller, timer)
@@ -93,6 +94,8 @@ def test_remodel_in_a_separate_process_keeps_the_main_thread_timer_ticking(scene
     assert any(0.0 < f < 1.0 for f in seen) and seen == sorted(seen)  # progress came from the process
     assert not folder.exists() and os.listdir(tmp_path) == []  # nothing of the patient is left
     output = finished[0]["output"]
+    np.testing.assert_array_equal(output.affine, head.affine)  # the job files are exact both ways
+    assert output.dtype == head.dtype
     node = logic.addOutput(request, output)
     assert node.GetName() == "Anonymized 1 (CP-GAN)"
     result = mrml.volume_from_node(node)
