@@ -206,7 +206,12 @@ def check_given_brain_mask(image: Volume, mask: Volume) -> bool:
     checker = plausibility_checker()
     if checker is None:
         return False
-    checker(image, mask)
+    try:
+        checker(image, mask)
+    except InputError as error:  # the library's hint names the CLI option; say what to do here
+        reason = str(error).split("; skip this check")[0]
+        raise InputError(f"{reason}. If the mask is right, switch off 'Check brain mask' "
+                         "(console: checkBrainMask=False)") from error
     return True
 
 
@@ -583,28 +588,34 @@ class AnonMRILogicCore:
         return head, brain
 
     def remodelFace(self, volumeNode, brainMaskNode=None, weights=None, device: str = "auto", seed: int = 0,
-                    progress: Optional[ProgressCallback] = None, rotations: int = 0):
-        """CP-GAN face remodeling; every brain voxel is kept. Returns the new volume node."""
+                    progress: Optional[ProgressCallback] = None, rotations: int = 0, checkBrainMask: bool = True):
+        """CP-GAN face remodeling; every brain voxel is kept. Returns the new volume node.
+
+        ``checkBrainMask``: refuse a given brain mask that is not plausibly a brain."""
         return self.process(REMODEL, volumeNode, brainMaskNode, None, progress, weights=weights,
-                            device=device, seed=seed, rotations=rotations)
+                            device=device, seed=seed, rotations=rotations, checkBrainMask=checkBrainMask)
 
     def anonymizeLesions(self, volumeNode, segmentationNode, brainMaskNode=None, weights=None,
                          device: str = "auto", seed: int = 0, samplingSteps: int = 0,
                          segments: Optional[Sequence[str]] = None, progress: Optional[ProgressCallback] = None,
-                         exactLesion: bool = False):
+                         exactLesion: bool = False, checkBrainMask: bool = True):
         """Lesion-preserving anonymization with the lesion from ``segmentationNode`` (segments: all
         or the names given). ``weights``: None (shipped) or a folder. ``exactLesion``: lesion voxels
         kept bit for bit. Returns the new volume node."""
         return self.process(LESION, volumeNode, brainMaskNode, segmentationNode, progress, weights=weights,
                             device=device, seed=seed, samplingSteps=samplingSteps, lesionSegments=segments,
-                            exactLesion=exactLesion)
+                            exactLesion=exactLesion, checkBrainMask=checkBrainMask)
 
-    def deface(self, volumeNode, method: str, brainMaskNode=None, progress: Optional[ProgressCallback] = None):
-        """A removal baseline (``method`` from :func:`removal_methods`). Returns the new volume node."""
+    def deface(self, volumeNode, method: str, brainMaskNode=None, progress: Optional[ProgressCallback] = None,
+               device: str = "auto", checkBrainMask: bool = True):
+        """A removal baseline (``method`` from :func:`removal_methods`). Returns the new volume node.
+
+        ``device``: where a brain mask is computed when none is given."""
         operation, removal = parse_method_label(method)
         if operation != DEFACE:
             raise InputError(f"{method!r} is not a removal method; use one of: {', '.join(removal_methods())}")
-        return self.process(REMOVAL_LABEL_PREFIX + removal, volumeNode, brainMaskNode, None, progress)
+        return self.process(REMOVAL_LABEL_PREFIX + removal, volumeNode, brainMaskNode, None, progress,
+                            device=device, checkBrainMask=checkBrainMask)
 
     def renderFace(self, volumeNode, view: str = "anterior", size: int = 256, device: str = "cpu") -> np.ndarray:
         """The library's ray-cast face rendering of ``volumeNode``: (size, size) float image in [0, 1]."""

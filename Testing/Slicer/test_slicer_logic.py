@@ -53,7 +53,8 @@ def test_process_gives_the_output_a_neutral_name_and_keeps_geometry_and_transfor
     monkeypatch.setattr(core, "library_function", lambda operation: _keep_brain_blank_rest)
     messages = []
     logic = core.AnonMRILogicCore(scene)
-    out = logic.remodelFace(head_node, brain_node, seed=5, rotations=7, progress=lambda f, m: messages.append(m))
+    out = logic.remodelFace(head_node, brain_node, seed=5, rotations=7, progress=lambda f, m: messages.append(m),
+                            checkBrainMask=False)  # a small synthetic head: not a plausible human brain
     assert out.GetName() == "Anonymized 1 (CP-GAN)"
     assert out.GetParentTransformNode() is transform
     result = mrml.volume_from_node(out, world=False)
@@ -159,18 +160,19 @@ def test_remodel_with_a_weights_file_through_the_logic_keeps_brain_voxels(scene,
     save_generator(weights, CPGANGenerator(CPGANConfig(size=32, finest_channels=4, coarsest_channels=8)),
                    {"training": "none: random initialisation for a test"})
     logic = core.AnonMRILogicCore(scene)
-    out = logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3)
+    out = logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3, checkBrainMask=False)
     assert out.GetName() == "Anonymized 1 (CP-GAN)"
     result = mrml.volume_from_node(out)
     assert result.same_grid(head) and result.dtype == head.dtype
     inside = brain.array > 0
     np.testing.assert_array_equal(result.array[inside], head.array[inside])
     assert (result.array[~inside] != head.array[~inside]).mean() > 0.05  # the rest was regenerated
-    again = mrml.volume_from_node(logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3))
+    again = mrml.volume_from_node(logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3,
+                                                    checkBrainMask=False))
     np.testing.assert_array_equal(again.array, result.array)  # same seed, same output
     # the panel's rotations K reaches the privacy transform: another K, another hull, same brain
     other_k = mrml.volume_from_node(logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu",
-                                                      seed=3, rotations=4))
+                                                      seed=3, rotations=4, checkBrainMask=False))
     np.testing.assert_array_equal(other_k.array[inside], head.array[inside])
     assert not np.array_equal(other_k.array, result.array)
 
@@ -311,5 +313,9 @@ def test_a_given_whole_head_mask_is_refused_when_the_library_has_the_plausibilit
     head_node = mrml.add_volume_node(scene, head, "sample")
     whole_head = mrml.add_volume_node(scene, head.with_array((head.array > np.percentile(head.array, 60))
                                                              .astype(np.uint8)), "head", labelmap=True)
-    with pytest.raises(InputError):
-        core.AnonMRILogicCore(scene).deface(head_node, core.removal_methods()[0], whole_head)
+    logic = core.AnonMRILogicCore(scene)
+    with pytest.raises(InputError, match="Check brain mask"):
+        logic.deface(head_node, core.removal_methods()[0], whole_head)
+    assert scene.GetFirstNodeByName(f"Anonymized 1 ({core.removal_methods()[0]})") is None  # nothing added
+    out = logic.deface(head_node, core.removal_methods()[0], whole_head, checkBrainMask=False)  # the user's choice
+    assert out is not None
