@@ -228,15 +228,16 @@ def run_request_with_mask(request: AnonymizationRequest, progress: Optional[Prog
     """Run the library for ``request`` (any thread; touches no MRML): ``(output Volume, brain mask)``.
 
     The brain mask is the request's (plausibility-checked unless ``check_brain_mask`` is off) or,
-    for a method that uses one, computed here first on the request's device, so that it can be
-    shown and reused (scores) instead of being computed again. None for a method without one.
+    for CP-GAN and the removal methods, computed here first on the request's device, so that it
+    can be shown and reused (scores) instead of being computed again. The lesion pipeline gets the
+    given mask when it accepts one and otherwise decides itself (a skull-stripped input needs none).
     """
     report(progress, 0.0, f"starting {short_method_name(request.operation, request.method)}")
     brain = request.brain_mask
     rest = progress
     if brain is not None and request.check_brain_mask:
         check_given_brain_mask(request.image, brain)
-    if brain is None and uses_brain_mask(request.operation):
+    if brain is None and request.operation in (REMODEL, DEFACE):  # the lesion pipeline decides itself
         brain = compute_brain_mask(request.image, request.device, sub_progress(progress, 0.0, 0.4))
         rest = sub_progress(progress, 0.4, 1.0)
     if request.operation == REMODEL:
