@@ -202,7 +202,11 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
-        self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartSaveEvent, self.onSceneStartSave)
+        # Slicer fires no event before a scene is saved (MRML's StartSaveEvent is declared but never
+        # invoked), so the warning is given when a result is added and again after a scene file is saved
+        self._ioManager = slicer.app.coreIOManager() if hasattr(slicer.app, "coreIOManager") else None
+        if self._ioManager is not None:
+            self._ioManager.connect("fileSaved(qSlicerIO::IOProperties)", self.onFileSaved)
 
         self.ui.loadSampleButton.connect("clicked(bool)", self.onLoadSampleButton)
         self.ui.applyButton.connect("clicked(bool)", self.onApplyButton)
@@ -222,6 +226,8 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         return self._poller.jobs
 
     def cleanup(self) -> None:
+        if getattr(self, "_ioManager", None) is not None:
+            self._ioManager.disconnect("fileSaved(qSlicerIO::IOProperties)", self.onFileSaved)
         self._poller.cancel_all()  # kills the worker processes, deletes their job folders
         self._poller.tick()
         self._timer.stop()
@@ -246,15 +252,22 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if self.parent.isEntered:
             self.initializeParameterNode()
 
-    def onSceneStartSave(self, caller, event) -> None:
-        """Warn when the scene being saved still holds the original scan or its patient data."""
+    def _originalInSceneText(self) -> str:
         found = self.logic.originalDataInScene()
-        if found:
-            slicer.util.warningDisplay(
-                _("This scene still holds the original study:\n\n{items}\n\nA saved scene keeps it next to "
-                  "the anonymized volume. To share only the anonymized scan, use AnonMRI's Export, or remove "
-                  "the original nodes first.").format(items="\n".join("- " + item for item in found)),
-                _("AnonMRI: the original is in the scene"))
+        if not found:
+            return ""
+        return _("This scene still holds the original study:\n\n{items}\n\nA saved scene keeps it next to the "
+                 "anonymized volume. To share only the anonymized scan, use AnonMRI's Export, or remove the "
+                 "original nodes before saving.").format(items="\n".join("- " + item for item in found))
+
+    def onFileSaved(self, properties) -> None:
+        """After Slicer saved a scene file (.mrml/.mrb) that still holds the original: say so."""
+        fileName = str(properties.get("fileName", "")) if hasattr(properties, "get") else ""
+        if not fileName.lower().endswith((".mrml", ".mrb")) or not self._parameterNode:
+            return
+        text = self._originalInSceneText()
+        if text and self._parameterNode.outputVolume:
+            slicer.util.warningDisplay(text, _("AnonMRI: the saved scene holds the original"))
 
     # --- parameter node ------------------------------------------------------------------------
     def initializeParameterNode(self) -> None:
@@ -445,6 +458,9 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         slicer.util.setSliceViewerLayers(background=outputNode, fit=True)
         self.ui.statusLabel.text = _("Done in {seconds:.0f} s: '{name}'.").format(
             seconds=status.elapsed_s, name=outputNode.GetName())
+        if self.logic.originalDataInScene():  # before the user can save the scene with the original
+            self.ui.statusLabel.text += " " + _("The scene still holds the original: share the result with "
+                                                "Export (a saved scene would include the original).")
         self._startPreview(inputNode, outputNode)
         self._startScores(inputNode, outputNode, self._runNode("brainMask"))
 
