@@ -330,7 +330,8 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             missing = _("Select a lesion segmentation.")
         elif operation == core.REMODEL and not p.useBundledWeights and not pathlib.Path(p.weightsFile).is_file():
             missing = _("Choose a CP-GAN weights file, or use the bundled weights.")
-        elif operation == core.LESION and not p.useBundledWeights and not pathlib.Path(p.lesionWeightsFolder).is_dir():
+        elif operation == core.LESION and not p.useBundledWeights and (
+                str(p.lesionWeightsFolder) in ("", ".") or not pathlib.Path(p.lesionWeightsFolder).is_dir()):
             missing = _("Choose a lesion weights folder, or use the bundled weights.")
         self.ui.applyButton.enabled = missing is None and not busy
         self.ui.applyButton.toolTip = missing or _("Run {method} in a separate process.").format(method=p.method)
