@@ -11,7 +11,7 @@ in a separate worker process, the face renderings, the scores), then grabbed wit
 platform. Layout, order, texts, tooltips and enabled states are the .ui's; Slicer's own styling
 (and its collapsible-button look) is not::
 
-    pip install PySide6-Essentials==6.12.0      # not a dependency of AnonMRI
+    pip install -e ".[panel]"                   # PySide6-Essentials; not a runtime dependency
     QT_QPA_PLATFORM=offscreen python docs/make_slicer_panel_screenshot.py --out docs/slicer-panel.png
 """
 import argparse
