@@ -187,6 +187,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._parameterNodeGuiTag = None
         self._runInputs = {}  # node IDs the last anonymize run used (input, brain mask)
         self._cameraLink = None
+        self._comparing = False  # the fade slider drives the views once Compare was pressed
         self._timer = qt.QTimer()
         self._timer.setInterval(TIMER_INTERVAL_MS)
         self._poller = JobPoller(self._timer)
@@ -245,6 +246,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def onSceneStartClose(self, caller, event) -> None:
         self._poller.cancel_all()  # their results would have nowhere to go
+        self._comparing = False
         self._unlinkCameras()
         self.setParameterNode(None)
 
@@ -289,9 +291,12 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self._updateGUIState()
 
     def _onParameterNodeModified(self, caller=None, event=None) -> None:
-        self._updateGUIState()
         p = self._parameterNode
-        if p is not None and self.logic.comparisonShown():
+        if p is not None and core.mask_belongs_to_other_volume(p.brainMask, p.inputVolume):
+            p.brainMask = None  # a mask computed for another scan must not be applied to this one
+            return  # the change calls this again
+        self._updateGUIState()
+        if p is not None and self._comparing and self.logic.comparisonShown():
             self.logic.setComparisonFade(p.compareFade)
         if p is not None:
             self._setCameraLink(p.linkCameras)
@@ -498,6 +503,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         p = self._parameterNode
         with slicer.util.tryWithErrorDisplay(_("The comparison could not be shown."), waitCursor=True):
             self.logic.showComparison(p.inputVolume, p.outputVolume, p.compareFade)
+            self._comparing = True
 
     def onShow3DButton(self) -> None:
         p = self._parameterNode

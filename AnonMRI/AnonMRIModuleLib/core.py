@@ -303,6 +303,8 @@ def run_scores(request: ScoresRequest, progress: Optional[ProgressCallback] = No
 #: node attribute saying what AnonMRI made a node for (its outputs) or read it as (the original)
 ROLE_ATTRIBUTE = "AnonMRI.Role"
 ANONYMIZED_ROLE, BRAIN_MASK_ROLE, SCORES_ROLE, ORIGINAL_ROLE = "anonymized", "brainMask", "scores", "original"
+#: on a brain mask AnonMRI computed: the ID of the volume node it belongs to
+COMPUTED_FOR_ATTRIBUTE = "AnonMRI.ComputedFor"
 #: AnonMRI's own subject-hierarchy folder (outside any patient / study of the original)
 RESULTS_FOLDER = "AnonMRI results"
 #: subject-hierarchy attributes that identify a patient or a study (the DICOM module sets them)
@@ -388,6 +390,14 @@ def set_default_file_name(node, name: str) -> None:
         node.GetScene().AddNode(storage)
         node.SetAndObserveStorageNodeID(storage.GetID())
     storage.SetFileName(neutral_file_name(name, "." + (storage.GetDefaultWriteFileExtension() or "nrrd")))
+
+
+def mask_belongs_to_other_volume(mask_node, volume_node) -> bool:
+    """True for a brain mask AnonMRI computed for another volume than ``volume_node``."""
+    if mask_node is None or volume_node is None:
+        return False
+    owner = mask_node.GetAttribute(COMPUTED_FOR_ATTRIBUTE)
+    return bool(owner) and owner != volume_node.GetID()
 
 
 def mark_original(node) -> None:
@@ -551,6 +561,8 @@ class AnonMRILogicCore:
                                           segment_name="brain", color=(0.9, 0.7, 0.2),
                                           parent_transform_node=transform)
         mark_result(node, BRAIN_MASK_ROLE)
+        if volumeNode is not None:
+            node.SetAttribute(COMPUTED_FOR_ATTRIBUTE, volumeNode.GetID())
         set_default_file_name(node, node.GetName())
         return node
 

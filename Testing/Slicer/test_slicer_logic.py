@@ -246,6 +246,24 @@ def test_lesion_anonymization_gets_the_segmentation_as_a_mask_on_the_image_grid(
     result = mrml.volume_from_node(out)
     np.testing.assert_array_equal(result.array[labels > 0], head.array[labels > 0])
 
+    # the panel's path: the same request as job options (JSON) for the worker, with exact lesion voxels
+    import json
+
+    from AnonMRIModuleLib import jobs
+
+    request = core.AnonMRILogicCore(scene).prepare(core.LESION_LABEL, head_node, None, segmentation, seed=4,
+                                                   samplingSteps=20, exactLesion=True)
+    _, volumes, options = jobs.request_job(request)
+    received.clear()
+
+    def lesion_pipeline_exact(volume, lesion_mask, config=None, weights=None, device="auto", seed=0, progress=None):
+        received.update(exact=config.exact_lesion, steps=config.steps, seed=seed)
+        return volume
+
+    monkeypatch.setattr(core, "library_function", lambda operation: lesion_pipeline_exact)
+    jobs.anonymize(volumes, json.loads(json.dumps(options)))
+    assert received == {"exact": True, "steps": 20, "seed": 4}
+
 
 def test_lesion_method_with_the_shipped_weights_folder_and_exact_lesion_voxels(scene, head_nodes):
     """The panel's lesion options: a weights *folder* (a file is refused), exact lesion voxels kept."""
@@ -295,6 +313,9 @@ def test_a_computed_brain_mask_uses_the_chosen_device_comes_back_and_becomes_a_s
     output = logic.addOutput(request, result["output"], head_node)
     segmentation = logic.addBrainMask(result["brain_mask"], output, head_node)
     assert segmentation.IsA("vtkMRMLSegmentationNode") and segmentation.GetName() == "Brain mask 1"
+    assert not core.mask_belongs_to_other_volume(segmentation, head_node)
+    other = mrml.add_volume_node(scene, head, "another scan")
+    assert core.mask_belongs_to_other_volume(segmentation, other)  # the panel clears it then
     back = mrml.mask_from_node(segmentation, head_node)
     np.testing.assert_array_equal(back.array, brain.array)
     # the scores reuse it: the request carries these voxels, nothing is computed again
