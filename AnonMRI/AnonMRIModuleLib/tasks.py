@@ -112,14 +112,15 @@ class ProcessTask:
     """One library call ``entry(volumes, options, progress)`` in a separate Python process.
 
     ``entry``: ``"package.module:function"`` importable in the worker (``AnonMRIModuleLib.jobs``
-    or ``AnonMRILib...``). ``volumes``: the input Volumes under neutral keys. ``options``: JSON
-    values. After :meth:`start`, poll :meth:`status`; when it is ``done`` the function's result
+    or ``AnonMRILib...``; ``python_path``: extra folders to import it from). ``volumes``: the input
+    Volumes under neutral keys. ``options``: JSON values. After :meth:`start`, poll :meth:`status`; when it is ``done`` the function's result
     mapping is in :attr:`result`, when ``failed`` the error is in :attr:`error`.
     """
 
     def __init__(self, entry: str, volumes: Mapping[str, Any], options: Optional[Mapping[str, Any]] = None,
                  name: str = "AnonMRI", python: Optional[str] = None, python_candidates: Sequence[str] = (),
-                 environment: Optional[Mapping[str, str]] = None, temporary_parent: Optional[str] = None) -> None:
+                 environment: Optional[Mapping[str, str]] = None, temporary_parent: Optional[str] = None,
+                 python_path: Sequence[str] = ()) -> None:
         self._entry = entry
         self._volumes = dict(volumes)
         self._options = dict(options or {})
@@ -127,6 +128,7 @@ class ProcessTask:
         self._python = python or python_executable(python_candidates)
         self._environment = dict(environment or {})
         self._temporary_parent = temporary_parent
+        self._python_path = [str(p) for p in python_path]
         self._lock = threading.Lock()
         self._state = PENDING
         self._fraction = 0.0
@@ -163,7 +165,7 @@ class ProcessTask:
         self._finalizer = weakref.finalize(self, _finalize, self._process_holder, str(self.folder))
         try:
             job_path = write_job(self.folder, self._entry, self._volumes, self._options,
-                                 python_path=[MODULE_ROOT, LIBRARY_ROOT])
+                                 python_path=self._python_path + [MODULE_ROOT, LIBRARY_ROOT])
             self._volumes = {}  # the files hold them now; free the memory
             environment = dict(os.environ)
             environment.update(self._environment)

@@ -122,6 +122,34 @@ def test_cancel_kills_the_worker_within_a_second_and_leaves_no_file(head_nodes, 
     assert os.listdir(tmp_path) == []
 
 
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat_file:  # a zombie waiting for its reaper is dead too
+        return stat_file.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
+def test_cancel_kills_the_whole_process_tree(tmp_path):
+    helpers = os.path.dirname(os.path.abspath(__file__))
+    task = ProcessTask("slicer_helpers:spawn_child_and_wait", {}, {}, python_path=[helpers],
+                       temporary_parent=str(tmp_path)).start()
+    deadline = time.monotonic() + 60
+    while not task.status().message and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(task.status().message)
+    assert _alive(child) and _alive(task.process.pid)
+    start = time.monotonic()
+    task.cancel()
+    while _alive(child) and time.monotonic() - start < 1.0:
+        time.sleep(0.02)
+    assert not _alive(child), "the worker's child process survived Cancel"
+    assert task.process.poll() is not None and time.monotonic() - start < 1.0
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_library_error_in_the_worker_comes_back_as_the_same_error_class(head_nodes, tmp_path):
     head, _, _, _ = head_nodes
     request = core.AnonymizationRequest(operation=core.DEFACE, method="no-such-method", image=head,
