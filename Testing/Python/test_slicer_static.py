@@ -265,7 +265,7 @@ def test_module_cmakelists_builds_every_module_file():
                                   "AnonMRI/AnonMRIModuleLib/core.py", "AnonMRI/AnonMRIModuleLib/tasks.py",
                                   "AnonMRI/AnonMRIModuleLib/render3d.py", "AnonMRI/AnonMRIModuleLib/jobs.py",
                                   "AnonMRI/AnonMRIModuleLib/compare.py", "AnonMRI/AnonMRIModuleLib/dependencies.py",
-                                  "AnonMRILib/worker.py"])
+                                  "AnonMRILib/worker.py", "AnonMRILib/weights_store.py"])
 def test_module_files_never_use_python_310_syntax(path):
     source = (ROOT / path).read_text(encoding="utf-8")
     tree = ast.parse(source, feature_version=(3, 9))
