@@ -552,7 +552,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         worker process, into a neutrally named table."""
         if not (inputNode and outputNode):
             return
-        request = self.logic.prepareScores(inputNode, outputNode, brainMaskNode)
+        request = self.logic.prepareScores(inputNode, outputNode, brainMaskNode, device=self._parameterNode.device)
 
         def showScores(scores, status):
             p = self._parameterNode

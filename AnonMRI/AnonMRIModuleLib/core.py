@@ -291,13 +291,21 @@ class ScoresRequest:
     original: Volume
     anonymized: Volume
     brain_mask: Optional[Volume] = None
+    device: str = "auto"
 
 
 def run_scores(request: ScoresRequest, progress: Optional[ProgressCallback] = None) -> Dict[str, Any]:
-    """``AnonMRILib.evaluation.scores.scan_scores`` for ``request`` (any thread)."""
+    """``AnonMRILib.evaluation.scores.scan_scores`` for ``request`` (any thread).
+
+    Without a brain mask, one is computed first on the request's device (the library would
+    otherwise compute it on its default device)."""
     function = library_function("scores")
-    return dict(call_with_supported_options(function, request.original, request.anonymized,
-                                            brain_mask=request.brain_mask, progress=progress))
+    brain, rest = request.brain_mask, progress
+    if brain is None:
+        brain = compute_brain_mask(request.original, request.device, sub_progress(progress, 0.0, 0.5))
+        rest = sub_progress(progress, 0.5, 1.0)
+    return dict(call_with_supported_options(function, request.original, request.anonymized, brain_mask=brain,
+                                            progress=rest, device=request.device))
 
 
 #: node attribute saying what AnonMRI made a node for (its outputs) or read it as (the original)
@@ -636,8 +644,8 @@ class AnonMRILogicCore:
         image = mrml.volume_from_node(volumeNode)
         return np.asarray(call_with_supported_options(function, image, view=view, size=int(size), device=device))
 
-    def prepareScores(self, originalNode, anonymizedNode, brainMaskNode=None) -> "ScoresRequest":
-        """Read the nodes for :func:`run_scores` (main thread)."""
+    def prepareScores(self, originalNode, anonymizedNode, brainMaskNode=None, device: str = "auto") -> "ScoresRequest":
+        """Read the nodes for :func:`run_scores` (main thread); ``device`` for a brain mask computed there."""
         if originalNode is None or anonymizedNode is None:
             raise InputError("select the original and the anonymized volume")
         original = mrml.volume_from_node(originalNode)
@@ -645,7 +653,7 @@ class AnonMRILogicCore:
         if not original.same_grid(anonymized):
             raise InputError("the anonymized volume does not lie on the original's grid")
         brain = mrml.mask_from_node(brainMaskNode, originalNode, what="brain mask") if brainMaskNode else None
-        return ScoresRequest(original, anonymized, brain)
+        return ScoresRequest(original, anonymized, brain, str(device))
 
     def scores(self, originalNode, anonymizedNode, brainMaskNode=None,
                progress: Optional[ProgressCallback] = None) -> Dict[str, Any]:

@@ -80,7 +80,7 @@ def render(volumes: Mapping[str, Volume], options: Mapping[str, Any],
 def scores_job(request: "core.ScoresRequest") -> Tuple[str, Dict[str, Volume], Dict[str, Any]]:
     """``(entry, volumes, options)`` of a :class:`~.core.ScoresRequest`."""
     volumes = {"original": request.original, "anonymized": request.anonymized, "brain_mask": request.brain_mask}
-    return SCORES, {k: v for k, v in volumes.items() if v is not None}, {}
+    return SCORES, {k: v for k, v in volumes.items() if v is not None}, {"device": request.device}
 
 
 def scores(volumes: Mapping[str, Volume], options: Mapping[str, Any],
@@ -88,7 +88,8 @@ def scores(volumes: Mapping[str, Volume], options: Mapping[str, Any],
     """Per-scan scores (``scores``: a flat ``{name: value}``)."""
     from .mrml import flatten_scores
 
-    request = core.ScoresRequest(volumes["original"], volumes["anonymized"], volumes.get("brain_mask"))
+    request = core.ScoresRequest(volumes["original"], volumes["anonymized"], volumes.get("brain_mask"),
+                                 str(options.get("device", "auto")))
     values = core.run_scores(request, sub_progress(progress, 0.0, 1.0))
     core.release_device_memory()
     return {"scores": dict(flatten_scores(values))}

@@ -320,9 +320,20 @@ def test_a_computed_brain_mask_uses_the_chosen_device_comes_back_and_becomes_a_s
     np.testing.assert_array_equal(back.array, brain.array)
     # the scores reuse it: the request carries these voxels, nothing is computed again
     calls.clear()
-    scores_request = logic.prepareScores(head_node, output, segmentation)
+    scores_request = logic.prepareScores(head_node, output, segmentation, device="cuda:1")
     np.testing.assert_array_equal(scores_request.brain_mask.array, brain.array)
-    assert "device" not in calls
+
+    def fake_scores(original, anonymized, brain_mask=None, progress=None):
+        calls["scores_mask"] = brain_mask
+        return {"n": 1.0}
+
+    monkeypatch.setattr(core, "library_function", lambda operation: fake_scores)
+    result = jobs.scores(*jobs.scores_job(scores_request)[1:])
+    assert result == {"scores": {"n": 1.0}} and "device" not in calls  # no second brain mask
+    np.testing.assert_array_equal(calls["scores_mask"].array, brain.array)
+    # without a mask, the scores job computes one on the chosen device
+    jobs.scores({"original": head, "anonymized": mrml.volume_from_node(output)}, {"device": "cuda:1"})
+    assert calls["device"] == "cuda:1" and calls["scores_mask"] is brain
 
 
 def test_a_given_whole_head_mask_is_refused_when_the_library_has_the_plausibility_check(scene):
