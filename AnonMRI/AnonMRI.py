@@ -2,8 +2,10 @@
 
 A thin scripted module: the panel (``Resources/UI/AnonMRI.ui``) is bound to a parameter node, the
 Logic converts MRML nodes to and from the library's ``Volume`` (``AnonMRIModuleLib``, Qt-free) and
-every computation happens in the bundled, Slicer-free library ``AnonMRILib``. The long step runs in
-a worker thread polled by a QTimer, so Slicer stays responsive and Cancel works.
+every computation happens in the bundled, Slicer-free library ``AnonMRILib``. Long work (anonymizing,
+brain masks, face renderings, scores) runs in a separate ``PythonSlicer`` process polled by a QTimer
+(``AnonMRIModuleLib.tasks``), so Slicer stays responsive and Cancel kills the process at once; the
+console API below runs synchronously in the calling thread.
 
 Console scripting (in Slicer's Python console)::
 
@@ -19,7 +21,6 @@ import logging
 import os
 import pathlib
 import sys
-import tempfile
 from typing import Annotated, Optional, Union
 
 import qt
@@ -55,8 +56,8 @@ _ensureLibraryImportable()
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from AnonMRIModuleLib import core, dependencies, mrml, render3d  # noqa: E402
-from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, BackgroundTask  # noqa: E402
+from AnonMRIModuleLib import compare, core, dependencies, jobs, mrml, render3d  # noqa: E402
+from AnonMRIModuleLib.tasks import CANCELLED, FAILED, JobPoller, ProcessTask  # noqa: E402
 
 
 def _segmentationNodeClass():
@@ -77,6 +78,7 @@ vtkMRMLSegmentationNode = _segmentationNodeClass()
 METHOD_LABELS = core.method_labels()
 DEVICE_CHOICES = ["auto", "cuda", "cpu"]
 VIEW_CHOICES = ["anterior", "left", "right", "posterior", "superior", "inferior"]
+EXPORT_FORMATS = core.export_formats()
 TIMER_INTERVAL_MS = 100
 
 
@@ -98,7 +100,7 @@ De-identify MRI by <b>remodeling</b> the face (CP-GAN: a new face, skull and sca
 every brain voxel is kept bit for bit) or the non-lesion anatomy (lesion-preserving latent diffusion),
 or with a classic removal baseline (defacing, skull stripping, blurring). Preview ray-cast face
 renderings of input and output, and check per-scan anonymity and utility scores.
-See the <a href="https://github.com/AnonMRI/AnonMRI">project page</a>.
+See the <a href="https://github.com/anonmri/SlicerAnonMRI">project page</a>.
 """)
         self.parent.acknowledgementText = _("""
 Methods after "Conditional De-Identification of 3D Magnetic Resonance Images" (CP-GAN) and a
@@ -134,27 +136,39 @@ def registerSampleData():
 
 @parameterNodeWrapper
 class AnonMRIParameterNode:
-    """Every input of the panel (bound to its widget by ``SlicerParameterName`` in the .ui).
+    """Every input of the panel (bound to its widget by ``SlicerParameterName`` in the .ui), in the
+    panel's order: load -> method -> preview -> apply -> compare -> export.
 
-    inputVolume: the whole-head MRI. brainMask: optional, every voxel in it is kept exactly.
-    lesionSegmentation: the lesions kept by lesion-preserving anonymization. method: a Method label.
-    useBundledWeights / weightsFile: the model weights. device: auto, cuda or cpu. seed: same seed,
-    same output. rotations: CP-GAN's K (0: model default). samplingSteps: diffusion steps (0: model
-    default). previewView: where the face renderings look from. outputVolume / scoresTable: results.
+    inputVolume: the whole-head MRI. brainMask: optional, every voxel in it is kept exactly (after a
+    run without one, the mask the run computed, as a segmentation). checkBrainMask: refuse an
+    implausible given mask. lesionSegmentation: the lesions kept by lesion-preserving anonymization.
+    method: a Method label. useBundledWeights / weightsFile (CP-GAN: a file) / lesionWeightsFolder
+    (lesion: a folder). exactLesion: lesion voxels kept bit for bit. device: auto, cuda or cpu, for
+    every step. seed: same seed, same output. rotations: CP-GAN's K (0: model default).
+    samplingSteps: diffusion steps (0: model default). previewView: where the face renderings look
+    from. outputVolume: the result. compareFade: 0 input .. 1 output in the compare overlay.
+    linkCameras: both 3D views move together. exportFormat: a suffix of the library's writers.
+    scoresTable: the scores.
     """
 
     inputVolume: slicer.vtkMRMLScalarVolumeNode
-    brainMask: Union[slicer.vtkMRMLLabelMapVolumeNode, vtkMRMLSegmentationNode, None]
+    brainMask: Union[vtkMRMLSegmentationNode, slicer.vtkMRMLLabelMapVolumeNode, None]
+    checkBrainMask: Annotated[bool, Default(True)]
     lesionSegmentation: Union[vtkMRMLSegmentationNode, slicer.vtkMRMLLabelMapVolumeNode, None]
     method: Annotated[str, Choice(METHOD_LABELS), Default(core.REMODEL_LABEL)]
     useBundledWeights: Annotated[bool, Default(True)]
     weightsFile: pathlib.Path
+    lesionWeightsFolder: pathlib.Path
+    exactLesion: Annotated[bool, Default(False)]
     device: Annotated[str, Choice(DEVICE_CHOICES), Default("auto")]
     seed: Annotated[int, WithinRange(0, 2147483647), Default(0)]
     rotations: Annotated[int, WithinRange(0, 512), Default(0)]
     samplingSteps: Annotated[int, WithinRange(0, 5000), Default(0)]
     previewView: Annotated[str, Choice(VIEW_CHOICES), Default("anterior")]
     outputVolume: slicer.vtkMRMLScalarVolumeNode
+    compareFade: Annotated[float, WithinRange(0.0, 1.0), Default(0.5)]
+    linkCameras: Annotated[bool, Default(True)]
+    exportFormat: Annotated[str, Choice(EXPORT_FORMATS), Default(EXPORT_FORMATS[0])]
     scoresTable: slicer.vtkMRMLTableNode
 
 
@@ -163,7 +177,7 @@ class AnonMRIParameterNode:
 #
 
 class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
-    """The panel: inputs, method, model/device, advanced, Apply/Cancel, previews, output, scores."""
+    """The panel, top to bottom: load, method, preview, apply/cancel, compare, export and scores."""
 
     def __init__(self, parent=None) -> None:
         ScriptedLoadableModuleWidget.__init__(self, parent)
@@ -171,9 +185,12 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.logic = None
         self._parameterNode = None
         self._parameterNodeGuiTag = None
-        self._jobs = []
+        self._runInputs = {}  # node IDs the last anonymize run used (input, brain mask)
+        self._cameraLink = None
+        self._comparing = False  # the fade slider drives the views once Compare was pressed
         self._timer = qt.QTimer()
         self._timer.setInterval(TIMER_INTERVAL_MS)
+        self._poller = JobPoller(self._timer)
         self._timer.connect("timeout()", self._onTimer)
 
     def setup(self) -> None:
@@ -186,21 +203,36 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
+        # Slicer fires no event before a scene is saved (MRML's StartSaveEvent is declared but never
+        # invoked), so the warning is given when a result is added and again after a scene file is saved
+        self._ioManager = slicer.app.coreIOManager() if hasattr(slicer.app, "coreIOManager") else None
+        if self._ioManager is not None:
+            self._ioManager.connect("fileSaved(qSlicerIO::IOProperties)", self.onFileSaved)
 
+        self.ui.loadSampleButton.connect("clicked(bool)", self.onLoadSampleButton)
         self.ui.applyButton.connect("clicked(bool)", self.onApplyButton)
         self.ui.cancelButton.connect("clicked(bool)", self.onCancelButton)
         self.ui.previewButton.connect("clicked(bool)", self.onPreviewButton)
+        self.ui.compareButton.connect("clicked(bool)", self.onCompareButton)
         self.ui.show3DButton.connect("clicked(bool)", self.onShow3DButton)
+        self.ui.exportButton.connect("clicked(bool)", self.onExportButton)
         self.ui.computeScoresButton.connect("clicked(bool)", self.onComputeScoresButton)
         self.ui.scoresTableSelector.connect("currentNodeChanged(vtkMRMLNode*)", self._showScoresTable)
         self.ui.deviceInfoLabel.text = self._deviceInfoText()
         self.initializeParameterNode()
 
+    @property
+    def _jobs(self):
+        """The running jobs (dicts with ``task`` and ``kind``)."""
+        return self._poller.jobs
+
     def cleanup(self) -> None:
+        if getattr(self, "_ioManager", None) is not None:
+            self._ioManager.disconnect("fileSaved(qSlicerIO::IOProperties)", self.onFileSaved)
+        self._poller.cancel_all()  # kills the worker processes, deletes their job folders
+        self._poller.tick()
         self._timer.stop()
-        for task, _kind, _onDone in self._jobs:
-            task.cancel()
-        self._jobs = []
+        self._unlinkCameras()
         self.removeObservers()
 
     def enter(self) -> None:
@@ -210,16 +242,34 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if self._parameterNode:
             self._parameterNode.disconnectGui(self._parameterNodeGuiTag)
             self._parameterNodeGuiTag = None
-            self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateGUIState)
+            self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._onParameterNodeModified)
 
     def onSceneStartClose(self, caller, event) -> None:
-        for task, _kind, _onDone in self._jobs:  # their results would have nowhere to go
-            task.cancel()
+        self._poller.cancel_all()  # their results would have nowhere to go
+        self._comparing = False
+        self._unlinkCameras()
         self.setParameterNode(None)
 
     def onSceneEndClose(self, caller, event) -> None:
         if self.parent.isEntered:
             self.initializeParameterNode()
+
+    def _originalInSceneText(self) -> str:
+        found = self.logic.originalDataInScene()
+        if not found:
+            return ""
+        return _("This scene still holds the original study:\n\n{items}\n\nA saved scene keeps it next to the "
+                 "anonymized volume. To share only the anonymized scan, use AnonMRI's Export, or remove the "
+                 "original nodes before saving.").format(items="\n".join("- " + item for item in found))
+
+    def onFileSaved(self, properties) -> None:
+        """After Slicer saved a scene file (.mrml/.mrb) that still holds the original: say so."""
+        fileName = str(properties.get("fileName", "")) if hasattr(properties, "get") else ""
+        if not fileName.lower().endswith((".mrml", ".mrb")) or not self._parameterNode:
+            return
+        text = self._originalInSceneText()
+        if text and self._parameterNode.outputVolume:
+            slicer.util.warningDisplay(text, _("AnonMRI: the saved scene holds the original"))
 
     # --- parameter node ------------------------------------------------------------------------
     def initializeParameterNode(self) -> None:
@@ -233,97 +283,127 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     def setParameterNode(self, inputParameterNode: Optional[AnonMRIParameterNode]) -> None:
         if self._parameterNode:
             self._parameterNode.disconnectGui(self._parameterNodeGuiTag)
-            self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateGUIState)
+            self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._onParameterNodeModified)
         self._parameterNode = inputParameterNode
         if self._parameterNode:
             self._parameterNodeGuiTag = self._parameterNode.connectGui(self.ui)
-            self.addObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateGUIState)
+            self.addObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._onParameterNodeModified)
             self._updateGUIState()
 
+    def _onParameterNodeModified(self, caller=None, event=None) -> None:
+        p = self._parameterNode
+        if p is not None and core.mask_belongs_to_other_volume(p.brainMask, p.inputVolume):
+            p.brainMask = None  # a mask computed for another scan must not be applied to this one
+            return  # the change calls this again
+        self._updateGUIState()
+        if p is not None and self._comparing and self.logic.comparisonShown():
+            self.logic.setComparisonFade(p.compareFade)
+        if p is not None:
+            self._setCameraLink(p.linkCameras)
+
     def _updateGUIState(self, caller=None, event=None) -> None:
-        """Enable what the chosen method uses; Apply only with a valid input and no running task."""
+        """Enable what the chosen method uses; inputs locked while a run uses them."""
         p = self._parameterNode
         if p is None:
             return
         operation, removal = core.parse_method_label(p.method)
         learned = operation in (core.REMODEL, core.LESION)
-        self.ui.lesionSegmentationSelector.enabled = operation == core.LESION
+        busy = self._job("anonymize") is not None
+        usesMask = core.uses_brain_mask(operation)
+        for selector in (self.ui.inputVolumeSelector, self.ui.brainMaskSelector, self.ui.lesionSegmentationSelector,
+                         self.ui.methodComboBox, self.ui.loadSampleButton):
+            selector.enabled = not busy
+        self.ui.brainMaskSelector.enabled = not busy and usesMask
+        self.ui.checkBrainMaskCheckBox.enabled = usesMask and core.plausibility_checker() is not None
+        self.ui.lesionSegmentationSelector.enabled = not busy and operation == core.LESION
         self.ui.bundledWeightsCheckBox.enabled = learned
-        self.ui.weightsPathLineEdit.enabled = learned and not p.useBundledWeights
-        self.ui.deviceComboBox.enabled = learned
+        self.ui.weightsPathLineEdit.enabled = operation == core.REMODEL and not p.useBundledWeights
+        self.ui.lesionWeightsPathLineEdit.enabled = operation == core.LESION and not p.useBundledWeights
+        self.ui.exactLesionCheckBox.enabled = operation == core.LESION
         self.ui.rotationsSpinBox.enabled = operation == core.REMODEL
         self.ui.samplingStepsSpinBox.enabled = operation == core.LESION
         self.ui.methodDescriptionLabel.text = {
             core.REMODEL: _("Generates a new face, skull and scalp; every brain voxel is kept bit for bit."),
-            core.LESION: _("Regenerates the anatomy around the lesions; the lesions are kept."),
+            core.LESION: _("Regenerates the anatomy around the lesions; the lesion's latent is kept, and its "
+                           "voxels too with 'Exact lesion voxels'."),
         }.get(operation, _("Removal baseline '{name}': deletes or degrades the face (for comparison).").format(
             name=removal))
-        busy = self._job("anonymize") is not None
         missing = None
         if not p.inputVolume:
             missing = _("Select an input volume.")
         elif operation == core.LESION and not p.lesionSegmentation:
             missing = _("Select a lesion segmentation.")
-        elif learned and not p.useBundledWeights and not pathlib.Path(p.weightsFile).is_file():
-            missing = _("Choose a weights file, or use the bundled weights.")
+        elif operation == core.REMODEL and not p.useBundledWeights and not pathlib.Path(p.weightsFile).is_file():
+            missing = _("Choose a CP-GAN weights file, or use the bundled weights.")
+        elif operation == core.LESION and not p.useBundledWeights and (
+                str(p.lesionWeightsFolder) in ("", ".") or not pathlib.Path(p.lesionWeightsFolder).is_dir()):
+            missing = _("Choose a lesion weights folder, or use the bundled weights.")
         self.ui.applyButton.enabled = missing is None and not busy
-        self.ui.applyButton.toolTip = missing or _("Run {method} in the background.").format(method=p.method)
-        self.ui.cancelButton.enabled = busy
-        self.ui.computeScoresButton.enabled = bool(p.inputVolume and p.outputVolume) and self._job("scores") is None
+        self.ui.applyButton.toolTip = missing or _("Run {method} in a separate process.").format(method=p.method)
+        self.ui.cancelButton.enabled = bool(self._jobs)
+        hasOutput = bool(p.inputVolume and p.outputVolume)
+        self.ui.computeScoresButton.enabled = hasOutput and self._job("scores") is None
+        self.ui.compareButton.enabled = hasOutput
+        self.ui.show3DButton.enabled = bool(p.inputVolume)
+        self.ui.exportButton.enabled = bool(
+            p.outputVolume and p.outputVolume.GetAttribute(core.ROLE_ATTRIBUTE) == core.ANONYMIZED_ROLE)
 
     def _deviceInfoText(self) -> str:
-        devices = dependencies.torch_devices()
-        if not devices:
-            return _("torch is not installed yet (it is installed on first use).")
-        if len(devices) == 1:
-            return _("Available: CPU only (no CUDA GPU visible to torch).")
-        return _("Available: {devices}").format(devices=", ".join(devices))
+        """What is installed, from package metadata only (torch is never imported on the GUI thread)."""
+        version = dependencies.installed_version(dependencies.TORCH)
+        if version is None:
+            return _("torch is not installed: removal methods with a brain mask work without it; the learned "
+                     "methods install it on first use.")
+        return _("torch {version} installed; whether a CUDA GPU is usable is checked in the worker process "
+                 "('auto' falls back to the CPU).").format(version=version)
 
     # --- background jobs -----------------------------------------------------------------------
-    # A job is (BackgroundTask, kind, onDone); the QTimer polls them all. Only the "anonymize" job
-    # drives the progress bar and can be cancelled with the Cancel button; previews and scores are
-    # shorter and report in the status line.
-    def _startJob(self, function, kind: str, onDone) -> BackgroundTask:
-        task = BackgroundTask(function, f"AnonMRI {kind}").start()
-        self._jobs.append((task, kind, onDone))
+    # A job is a ProcessTask (a separate PythonSlicer process) polled by the QTimer through a
+    # JobPoller. Only the "anonymize" job drives the progress bar; Cancel kills every running job.
+    @staticmethod
+    def _pythonSlicerCandidates():
+        """Slicer's own PythonSlicer (the worker runs with Slicer's Python packages)."""
+        home = getattr(slicer.app, "slicerHome", "") or ""
+        return [os.path.join(home, "bin", name) for name in ("PythonSlicer", "PythonSlicer.exe")]
+
+    def _startJob(self, entry: str, volumes, options, kind: str, onDone) -> ProcessTask:
+        task = ProcessTask(entry, volumes, options, name=f"AnonMRI {kind}",
+                           python_candidates=self._pythonSlicerCandidates()).start()
+        onStatus = None
         if kind == "anonymize":
             self.ui.progressBar.value = 0
             self.ui.statusLabel.text = _("Starting...")
-        self._timer.start()
+            onStatus = self._showProgress
+        self._poller.add(task, kind, lambda result, status: self._onJobDone(onDone, result, status),
+                         on_status=onStatus, on_end=lambda endedTask, status: self._onJobEnded(kind, endedTask, status))
         self._updateGUIState()
         return task
 
     def _job(self, kind: str):
-        for task, jobKind, _onDone in self._jobs:
-            if jobKind == kind:
-                return task
-        return None
+        return self._poller.job(kind)
 
     def _onTimer(self) -> None:
-        """Poll the background jobs (GUI thread): progress, then their results into the scene."""
-        for job in list(self._jobs):
-            task, kind, onDone = job
-            status = task.status()
-            if kind == "anonymize":
-                self.ui.progressBar.value = int(round(1000 * status.fraction))
-                self.ui.statusLabel.text = f"{status.message} ({status.elapsed_s:.0f} s)"
-            if not status.finished:
-                continue
-            self._jobs.remove(job)
-            if status.state == DONE and self._parameterNode is None:
-                continue  # the scene was closed meanwhile
-            if status.state == DONE:
-                with slicer.util.tryWithErrorDisplay(_("AnonMRI could not show the result."), waitCursor=True):
-                    onDone(task.result, status)
-            elif status.state == CANCELLED:
-                if kind == "anonymize":
-                    self.ui.progressBar.value = 0
-                self.ui.statusLabel.text = _("Cancelled; nothing was added to the scene.")
-            elif status.state == FAILED:
-                self._reportFailure(kind, task)
-        if not self._jobs:
-            self._timer.stop()
+        """Poll the worker processes (GUI thread): progress, then their results into the scene."""
+        self._poller.tick()
         self._updateGUIState()
+
+    def _showProgress(self, status) -> None:
+        self.ui.progressBar.value = int(round(1000 * status.fraction))
+        self.ui.statusLabel.text = f"{status.message} ({status.elapsed_s:.0f} s)"
+
+    def _onJobDone(self, onDone, result, status) -> None:
+        if self._parameterNode is None:
+            return  # the scene was closed meanwhile
+        with slicer.util.tryWithErrorDisplay(_("AnonMRI could not show the result."), waitCursor=True):
+            onDone(result, status)
+
+    def _onJobEnded(self, kind: str, task, status) -> None:
+        if status.state == CANCELLED:
+            if kind == "anonymize":
+                self.ui.progressBar.value = 0
+            self.ui.statusLabel.text = _("Cancelled; nothing was added to the scene.")
+        elif status.state == FAILED:
+            self._reportFailure(kind, task)
 
     def _reportFailure(self, kind: str, task) -> None:
         logging.error(task.error_traceback)
@@ -337,34 +417,62 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         else:
             self.ui.statusLabel.text = _("{kind} failed: {error}").format(kind=kind.capitalize(), error=task.error)
 
+    def _runNode(self, key: str):
+        """A node the last anonymize run used (not whatever the selector shows now)."""
+        nodeID = self._runInputs.get(key)
+        return slicer.mrmlScene.GetNodeByID(nodeID) if nodeID else None
+
+    # --- load ----------------------------------------------------------------------------------
+    def onLoadSampleButton(self) -> None:
+        with slicer.util.tryWithErrorDisplay(_("The sample head could not be loaded."), waitCursor=True):
+            head, brain = self.logic.loadSample()
+            self._parameterNode.inputVolume = head
+            self._parameterNode.brainMask = brain
+            slicer.util.setSliceViewerLayers(background=head, fit=True)
+
     # --- apply / cancel ------------------------------------------------------------------------
     def onApplyButton(self) -> None:
         p = self._parameterNode
         with slicer.util.tryWithErrorDisplay(_("AnonMRI could not start."), waitCursor=True):
-            if not self.logic.ensureDependencies():
+            operation, removal = core.parse_method_label(p.method)
+            if not self.logic.ensureDependencies(operation=operation, withBrainMask=p.brainMask is not None):
                 return
-            weights = None if p.useBundledWeights else str(p.weightsFile)
+            weights = None
+            if not p.useBundledWeights:
+                weights = str(p.lesionWeightsFolder if operation == core.LESION else p.weightsFile)
             request = self.logic.prepare(p.method, p.inputVolume, p.brainMask, p.lesionSegmentation,
                                          weights=weights, device=p.device, seed=p.seed, rotations=p.rotations,
-                                         samplingSteps=p.samplingSteps)
-            self._startJob(lambda progress: core.run_request(request, progress), "anonymize",
-                           lambda output, status: self._onAnonymized(request, output, status))
+                                         samplingSteps=p.samplingSteps, exactLesion=p.exactLesion,
+                                         checkBrainMask=p.checkBrainMask)
+            self._runInputs = {"input": p.inputVolume.GetID(),
+                               "brainMask": p.brainMask.GetID() if (p.brainMask and request.brain_mask) else None}
+            entry, volumes, options = jobs.request_job(request)
+            self._startJob(entry, volumes, options, "anonymize",
+                           lambda result, status: self._onAnonymized(request, result, status))
 
-    def _onAnonymized(self, request, output, status) -> None:
-        """The worker's Volume becomes a new node named after the input; then previews and scores."""
-        outputNode = self.logic.addOutput(request, output)
-        self._parameterNode.outputVolume = outputNode
+    def _onAnonymized(self, request, result, status) -> None:
+        """The worker's Volume becomes a new neutrally named node; its brain mask an editable
+        segmentation (reused by the scores); then previews and scores of the nodes the run used."""
+        p = self._parameterNode
+        inputNode = self._runNode("input")
+        outputNode = self.logic.addOutput(request, result["output"], inputNode)
+        if "brain_mask" in result:
+            maskNode = self.logic.addBrainMask(result["brain_mask"], outputNode, inputNode)
+            self._runInputs["brainMask"] = maskNode.GetID()
+            p.brainMask = maskNode
+        p.outputVolume = outputNode
         slicer.util.setSliceViewerLayers(background=outputNode, fit=True)
         self.ui.statusLabel.text = _("Done in {seconds:.0f} s: '{name}'.").format(
             seconds=status.elapsed_s, name=outputNode.GetName())
-        self._startPreview(self._parameterNode.inputVolume, outputNode)
-        self._startScores()
+        if self.logic.originalDataInScene():  # before the user can save the scene with the original
+            self.ui.statusLabel.text += " " + _("The scene still holds the original: share the result with "
+                                                "Export (a saved scene would include the original).")
+        self._startPreview(inputNode, outputNode)
+        self._startScores(inputNode, outputNode, self._runNode("brainMask"))
 
     def onCancelButton(self) -> None:
-        task = self._job("anonymize")
-        if task is not None:
-            task.cancel()
-            self.ui.statusLabel.text = _("Cancelling at the next progress step...")
+        self._poller.cancel_all()  # kills the worker processes now
+        self._onTimer()
 
     # --- previews ------------------------------------------------------------------------------
     def onPreviewButton(self) -> None:
@@ -372,28 +480,16 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self._startPreview(self._parameterNode.inputVolume, None)
             self.logic.showFacesIn3DViews(self._parameterNode.inputVolume, None, self._parameterNode.previewView)
 
-    def onShow3DButton(self) -> None:
-        with slicer.util.tryWithErrorDisplay(_("Volume rendering failed."), waitCursor=True):
-            self.logic.showFacesIn3DViews(self._parameterNode.inputVolume, self._parameterNode.outputVolume,
-                                          self._parameterNode.previewView)
-
     def _startPreview(self, inputNode, outputNode) -> None:
-        """The library's face renderings of input (and output), computed in a worker thread."""
+        """The library's face renderings of input (and output), in a worker process, on the chosen device."""
         if inputNode is None:
             return
-        volumes = [mrml.volume_from_node(node) for node in (inputNode, outputNode) if node is not None]
-        view = self._parameterNode.previewView
-
-        def render(progress):
-            renderFace = core.library_function("render")
-            images = []
-            for index, volume in enumerate(volumes):
-                progress(index / len(volumes), _("rendering face {n}").format(n=index + 1))
-                images.append(core.call_with_supported_options(renderFace, volume, view=view, size=256,
-                                                               device="auto"))
-            return images
-
-        self._startJob(render, "preview", self._showPreviews)
+        volumes = {"image": mrml.volume_from_node(inputNode)}
+        if outputNode is not None:
+            volumes["output"] = mrml.volume_from_node(outputNode)
+        options = {"view": self._parameterNode.previewView, "size": 256, "device": self._parameterNode.device}
+        self._startJob(jobs.RENDER, volumes, options, "preview",
+                       lambda result, status: self._showPreviews([result[k] for k in sorted(result)], status))
 
     def _showPreviews(self, images, status) -> None:
         labels = [self.ui.inputPreviewLabel, self.ui.outputPreviewLabel]
@@ -402,25 +498,70 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if len(images) == 1:
             self.ui.outputPreviewLabel.clear()
 
+    # --- compare -------------------------------------------------------------------------------
+    def onCompareButton(self) -> None:
+        p = self._parameterNode
+        with slicer.util.tryWithErrorDisplay(_("The comparison could not be shown."), waitCursor=True):
+            self.logic.showComparison(p.inputVolume, p.outputVolume, p.compareFade)
+            self._comparing = True
+
+    def onShow3DButton(self) -> None:
+        p = self._parameterNode
+        with slicer.util.tryWithErrorDisplay(_("Volume rendering failed."), waitCursor=True):
+            self.logic.showFacesIn3DViews(p.inputVolume, p.outputVolume, p.previewView)
+            self._setCameraLink(p.linkCameras)
+
+    def _setCameraLink(self, linked: bool) -> None:
+        if linked and self._cameraLink is None and slicer.app.layoutManager().threeDViewCount >= 2:
+            cameras = self.logic.threeDCameras(2)
+            if len(cameras) == 2:
+                self._cameraLink = compare.CameraLink(*cameras)
+        elif not linked:
+            self._unlinkCameras()
+
+    def _unlinkCameras(self) -> None:
+        if self._cameraLink is not None:
+            self._cameraLink.remove()
+            self._cameraLink = None
+
+    # --- export --------------------------------------------------------------------------------
+    def onExportButton(self) -> None:
+        p = self._parameterNode
+        with slicer.util.tryWithErrorDisplay(_("The export failed."), waitCursor=True):
+            node = p.outputVolume
+            fileFormat = p.exportFormat
+            if fileFormat == core.DICOM_FORMAT:
+                path = qt.QFileDialog.getExistingDirectory(None, _("Export the anonymized volume as DICOM into"))
+            else:
+                default = core.neutral_file_name(node.GetName(), fileFormat)
+                path = qt.QFileDialog.getSaveFileName(None, _("Export the anonymized volume"), default,
+                                                      f"*{fileFormat}")
+            if not path:
+                return
+            written = self.logic.exportAnonymized(node, path)
+            self.ui.statusLabel.text = _("Exported the anonymized volume only: {path}").format(path=written)
+
     # --- scores --------------------------------------------------------------------------------
     def onComputeScoresButton(self) -> None:
-        with slicer.util.tryWithErrorDisplay(_("The scores could not be computed."), waitCursor=True):
-            self._startScores()
-
-    def _startScores(self) -> None:
-        """Per-scan scores of the output against the input, in a worker thread, into a table."""
         p = self._parameterNode
-        if not (p.inputVolume and p.outputVolume):
+        with slicer.util.tryWithErrorDisplay(_("The scores could not be computed."), waitCursor=True):
+            self._startScores(p.inputVolume, p.outputVolume, p.brainMask)
+
+    def _startScores(self, inputNode, outputNode, brainMaskNode) -> None:
+        """Per-scan scores of ``outputNode`` against ``inputNode`` (the run's brain mask reused), in a
+        worker process, into a neutrally named table."""
+        if not (inputNode and outputNode):
             return
-        request = self.logic.prepareScores(p.inputVolume, p.outputVolume, p.brainMask)
-        outputName = p.outputVolume.GetName()
+        request = self.logic.prepareScores(inputNode, outputNode, brainMaskNode, device=self._parameterNode.device)
 
         def showScores(scores, status):
-            table = self.logic.scoresTable(scores, p.scoresTable, name=f"{outputName} scores")
+            p = self._parameterNode
+            table = self.logic.scoresTable(scores, p.scoresTable)
             p.scoresTable = table
             self._showScoresTable(table)
 
-        self._startJob(lambda progress: core.run_scores(request, progress), "scores", showScores)
+        entry, volumes, options = jobs.scores_job(request)
+        self._startJob(entry, volumes, options, "scores", lambda result, status: showScores(result["scores"], status))
 
     def _showScoresTable(self, tableNode=None) -> None:
         self.ui.scoresTableView.setMRMLTableNode(tableNode)
@@ -448,26 +589,38 @@ class AnonMRILogic(ScriptedLoadableModuleLogic, core.AnonMRILogicCore):
         return AnonMRIParameterNode(super().getParameterNode())
 
     def process(self, method, volumeNode, brainMaskNode=None, lesionNode=None, progress=None, **settings):
-        if not self.ensureDependencies():
+        operation, _removal = core.parse_method_label(method)
+        if not self.ensureDependencies(operation=operation, withBrainMask=brainMaskNode is not None):
             raise core.DependencyError("AnonMRI needs Python packages that were not installed")
         return core.AnonMRILogicCore.process(self, method, volumeNode, brainMaskNode, lesionNode, progress,
                                              **settings)
 
     # --- dependencies --------------------------------------------------------------------------
-    def ensureDependencies(self, askConfirmation: bool = True) -> bool:
-        """Install missing packages after a confirmation; True when everything is importable."""
-        missing = dependencies.missing_requirements()
+    def ensureDependencies(self, askConfirmation: bool = True, operation: Optional[str] = None,
+                           withBrainMask: bool = False) -> bool:
+        """Install missing or too old packages after a confirmation; True when all are satisfied.
+
+        Versions come from package metadata (nothing is imported). Packages Slicer provides
+        (numpy, SimpleITK) are never installed over Slicer's own: an unsatisfied one is an error.
+        Removal methods given a brain mask need neither torch nor MONAI.
+        """
+        needed = dependencies.requirements_for(operation, withBrainMask)
+        missing = dependencies.missing_requirements(needed)
         if not missing:
             return True
-        torchMissing = any(r.import_name == dependencies.TORCH for r in missing)
-        others = [r for r in missing if r.import_name != dependencies.TORCH]
+        fromSlicer = [r for r in missing if r.provided_by_slicer]
+        if fromSlicer:
+            raise core.DependencyError(
+                "AnonMRI needs a newer Slicer: " + "; ".join(dependencies.describe(fromSlicer)))
+        torchMissing = any(r.distribution == dependencies.TORCH for r in missing)
+        others = [r for r in missing if r.distribution != dependencies.TORCH]
         if torchMissing and self._installTorchWithPyTorchUtils():
             torchMissing = False
         requirements = [r.pip_requirement for r in others]
         if torchMissing:
-            requirements.append("torch")
+            requirements.append(next(r.pip_requirement for r in missing if r.distribution == dependencies.TORCH))
         if not requirements:
-            return True
+            return not dependencies.missing_requirements(needed)
         packaging = getattr(slicer, "packaging", None)
         if packaging is not None and hasattr(packaging, "pip_ensure"):  # Slicer >= 5.12: asks, installs
             try:
@@ -477,12 +630,13 @@ class AnonMRILogic(ScriptedLoadableModuleLogic, core.AnonMRILogicCore):
         else:
             if askConfirmation and not slicer.util.confirmOkCancelDisplay(
                     _("AnonMRI needs these Python packages, which will be downloaded and installed now:\n\n"
-                      "{packages}\n\nThis can take several minutes.").format(packages="\n".join(requirements)),
+                      "{packages}\n\nThis can take several minutes.").format(
+                          packages="\n".join(dependencies.describe(missing))),
                     _("AnonMRI: install Python packages")):
                 return False
             for requirement in requirements:
                 slicer.util.pip_install(requirement)
-        return not dependencies.missing_requirements()
+        return not dependencies.missing_requirements(needed)
 
     @staticmethod
     def _installTorchWithPyTorchUtils() -> bool:
@@ -518,17 +672,52 @@ class AnonMRILogic(ScriptedLoadableModuleLogic, core.AnonMRILogicCore):
             render3d.look_at_face(cameraNode, node, view)
             threeDWidget.threeDView().forceRender()
 
+    def _compositeNodes(self):
+        layoutManager = slicer.app.layoutManager()
+        return [layoutManager.sliceWidget(name).mrmlSliceCompositeNode() for name in compare.COMPARE_VIEWS]
+
+    def showComparison(self, inputNode, outputNode, fade: float = 0.5) -> None:
+        """Input and output side by side in linked slice views with the input's window/level; the
+        first view fades from input (0) to output (1)."""
+        if inputNode is None or outputNode is None:
+            raise core.InputError("select the input and the anonymized volume")
+        slicer.app.layoutManager().setLayout(slicer.vtkMRMLLayoutNode.SlicerLayoutSideBySideView)
+        compare.show_side_by_side(self._compositeNodes(), inputNode, outputNode, fade)
+        slicer.util.resetSliceViews()
+
+    def comparisonShown(self) -> bool:
+        return slicer.app.layoutManager().layout == slicer.vtkMRMLLayoutNode.SlicerLayoutSideBySideView
+
+    def setComparisonFade(self, fade: float) -> None:
+        compare.set_fade(self._compositeNodes(), fade)
+
+    def threeDCameras(self, count: int = 2):
+        """The active camera nodes of the first ``count`` 3D views."""
+        layoutManager = slicer.app.layoutManager()
+        cameras = []
+        for index in range(min(count, layoutManager.threeDViewCount)):
+            viewNode = layoutManager.threeDWidget(index).mrmlViewNode()
+            cameras.append(slicer.modules.cameras.logic().GetViewActiveCameraNode(viewNode))
+        return cameras
+
     @staticmethod
     def pixmapFromImage(image, size: int = 192):
-        """A QPixmap of a 2-D image in [0, 1] (the library's rendering), scaled to ``size``."""
-        from AnonMRILib.rendering import save_png
+        """A QPixmap of a 2-D image in [0, 1] (the library's rendering), scaled to ``size``.
 
-        path = os.path.join(tempfile.gettempdir(), f"AnonMRI-preview-{os.getpid()}-{id(image)}.png")
-        save_png(image, path)
+        The PNG goes through a private (0700) folder that is deleted at once: a face rendering is
+        patient data."""
+        import shutil
+
+        from AnonMRILib.rendering import save_png
+        from AnonMRILib.worker import create_job_folder
+
+        folder = create_job_folder()
         try:
+            path = os.path.join(str(folder), "preview.png")
+            save_png(image, path)
             pixmap = qt.QPixmap(path)
         finally:
-            os.remove(path)
+            shutil.rmtree(str(folder), ignore_errors=True)
         return pixmap.scaled(size, size, qt.Qt.KeepAspectRatio, qt.Qt.SmoothTransformation)
 
 
@@ -622,7 +811,7 @@ class AnonMRITest(ScriptedLoadableModuleTest):
         self._waitForJobs(widget)
         output = p.outputVolume
         self.assertIsNotNone(output, widget.ui.statusLabel.text)
-        self.assertTrue(output.GetName().startswith("AnonMRI sample head anonymized ("))
+        self.assertTrue(output.GetName().startswith("Anonymized 1 ("))
         operation, _removal = core.parse_method_label(method)
         if operation == core.REMODEL:
             inside = slicer.util.arrayFromVolume(brain) > 0
@@ -639,4 +828,23 @@ class AnonMRITest(ScriptedLoadableModuleTest):
             self.assertGreater(p.scoresTable.GetNumberOfRows(), 0)
         widget.onShow3DButton()
         self.assertEqual(slicer.app.layoutManager().layout, slicer.vtkMRMLLayoutNode.SlicerLayoutDual3DView)
+
+        # compare: side by side, the output shown with the input's window/level
+        widget.onCompareButton()
+        self.assertEqual(slicer.app.layoutManager().layout, slicer.vtkMRMLLayoutNode.SlicerLayoutSideBySideView)
+        self.assertEqual(output.GetDisplayNode().GetWindow(), head.GetDisplayNode().GetWindow())
+
+        # export: only the anonymized volume, under a neutral name, into a private folder
+        import shutil
+
+        from AnonMRILib.io.readers import load_volume
+        from AnonMRILib.worker import create_job_folder
+
+        folder = create_job_folder()
+        try:
+            path = os.path.join(str(folder), core.neutral_file_name(output.GetName(), ".nii.gz"))
+            AnonMRILogic().exportAnonymized(output, path)
+            np.testing.assert_array_equal(load_volume(path).array, mrml.volume_from_node(output).array)
+        finally:
+            shutil.rmtree(str(folder), ignore_errors=True)
         self.delayDisplay("Panel test passed")

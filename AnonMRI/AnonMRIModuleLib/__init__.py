@@ -8,7 +8,9 @@ can be tested without a Slicer application:
   score tables;
 - :mod:`.core`: the scene-level logic (``remodelFace``, ``anonymizeLesions``, ``deface``,
   ``renderFace``, ``scores``) split into a main-thread part (MRML) and a worker part (library);
-- :mod:`.tasks`: a background task with progress and cancel, polled by the panel's QTimer;
+- :mod:`.tasks`: long work in a separate Python process (progress, cancel = kill), polled by the
+  panel's QTimer through an injected timer;
+- :mod:`.jobs`: the entries that process runs (the same functions as the console API);
 - :mod:`.render3d`: face volume rendering in Slicer's 3D views and offscreen;
 - :mod:`.dependencies`: which Python packages the library needs and which are missing.
 

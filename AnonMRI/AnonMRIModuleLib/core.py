@@ -6,11 +6,13 @@ Every operation is split in three so the panel can run the slow middle part off 
    returns an :class:`AnonymizationRequest` that holds no MRML object;
 2. :func:`run_request` (any thread) calls the library (``AnonMRILib.pipelines...``) with a
    ``progress(fraction, message)`` callback, which may raise :class:`~AnonMRILib.progress.Cancelled`;
-3. :meth:`AnonMRILogicCore.addOutput` (main thread) puts the result into a new volume node named
-   after the input, under the input's parent transform.
+3. :meth:`AnonMRILogicCore.addOutput` (main thread) puts the result into a new volume node with a
+   neutral name ("Anonymized 1 (CP-GAN)": never derived from the input's name), under the input's
+   parent transform, in AnonMRI's own subject-hierarchy folder (never the original patient's).
 
-The console methods (``remodelFace``, ``anonymizeLesions``, ``deface``, ``renderFace``, ``scores``)
-chain the three in the calling thread. Library functions are imported when first used; a pipeline
+The panel runs step 2 in a separate process (:mod:`.jobs`, :mod:`.tasks`); the console methods
+(``remodelFace``, ``anonymizeLesions``, ``deface``, ``renderFace``, ``scores``) chain the three
+synchronously in the calling thread. Library functions are imported when first used; a pipeline
 that this AnonMRILib does not have raises :class:`MissingFeatureError` with a clear message.
 """
 import importlib
@@ -22,7 +24,7 @@ import numpy as np
 
 from AnonMRILib.errors import AnonMRIError, DependencyError, InputError
 from AnonMRILib.io.volume import Volume
-from AnonMRILib.progress import ProgressCallback, report
+from AnonMRILib.progress import ProgressCallback, report, sub_progress
 
 from . import mrml
 
@@ -162,34 +164,109 @@ class AnonymizationRequest:
     options: Dict[str, Any] = field(default_factory=dict)
     input_node_id: str = ""
     output_name: str = ""
+    check_brain_mask: bool = True
 
 
-def run_request(request: AnonymizationRequest, progress: Optional[ProgressCallback] = None) -> Volume:
-    """Run the library for ``request`` (any thread; touches no MRML) and return the output Volume."""
+def accepts_option(operation: str, name: str) -> bool:
+    """True when the library function of ``operation`` has a keyword option ``name``."""
+    try:
+        parameters = inspect.signature(library_function(operation)).parameters
+    except (AnonMRIError, ValueError, TypeError):
+        return False
+    return name in parameters or any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def uses_brain_mask(operation: str) -> bool:
+    """Whether ``operation``'s pipeline uses a brain mask (CP-GAN and removal methods; lesion: if it
+    accepts one)."""
+    return operation in (REMODEL, DEFACE) or (operation == LESION and accepts_option(LESION, "brain_mask"))
+
+
+def compute_brain_mask(image: Volume, device: str = "auto", progress: Optional[ProgressCallback] = None) -> Volume:
+    """The library's brain mask of ``image`` (default backend) on ``device``."""
+    from AnonMRILib.transforms.brain_mask import brain_mask
+
+    return brain_mask(image, device=str(device), progress=progress)
+
+
+def plausibility_checker() -> Optional[Callable]:
+    """``AnonMRILib.transforms.plausibility.check_brain_mask`` when this AnonMRILib has it, else None."""
+    try:
+        module = importlib.import_module("AnonMRILib.transforms.plausibility")
+    except ImportError:
+        return None
+    return getattr(module, "check_brain_mask", None)
+
+
+def check_given_brain_mask(image: Volume, mask: Volume) -> bool:
+    """Refuse (InputError) a user's brain mask that is not plausibly a brain (e.g. the whole head).
+
+    Returns False when this AnonMRILib has no plausibility check (nothing was checked).
+    """
+    checker = plausibility_checker()
+    if checker is None:
+        return False
+    try:
+        checker(image, mask)
+    except InputError as error:  # the library's hint names the CLI option; say what to do here
+        reason = str(error).split("; skip this check")[0]
+        raise InputError(f"{reason}. If the mask is right, switch off 'Check brain mask' "
+                         "(console: checkBrainMask=False)") from error
+    return True
+
+
+def release_device_memory() -> None:
+    """Give cached GPU memory back to the driver after a run (no-op without torch or CUDA)."""
+    import sys
+
+    torch = sys.modules.get("torch")  # never import torch just for this
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_request_with_mask(request: AnonymizationRequest, progress: Optional[ProgressCallback] = None):
+    """Run the library for ``request`` (any thread; touches no MRML): ``(output Volume, brain mask)``.
+
+    The brain mask is the request's (plausibility-checked unless ``check_brain_mask`` is off) or,
+    for CP-GAN and the removal methods, computed here first on the request's device, so that it
+    can be shown and reused (scores) instead of being computed again. The lesion pipeline gets the
+    given mask when it accepts one and otherwise decides itself (a skull-stripped input needs none).
+    """
     report(progress, 0.0, f"starting {short_method_name(request.operation, request.method)}")
+    brain = request.brain_mask
+    rest = progress
+    if brain is not None and request.check_brain_mask:
+        check_given_brain_mask(request.image, brain)
+    if brain is None and request.operation in (REMODEL, DEFACE):  # the lesion pipeline decides itself
+        brain = compute_brain_mask(request.image, request.device, sub_progress(progress, 0.0, 0.4))
+        rest = sub_progress(progress, 0.4, 1.0)
     if request.operation == REMODEL:
         function = library_function(REMODEL)
         result = call_with_supported_options(
-            function, request.image, brain_mask=request.brain_mask, weights=request.weights,
-            device=request.device, seed=request.seed, progress=progress, **request.options)
+            function, request.image, brain_mask=brain, weights=request.weights,
+            device=request.device, seed=request.seed, progress=rest, **request.options)
     elif request.operation == LESION:
         if request.lesion_mask is None:
             raise InputError("lesion-preserving anonymization needs a lesion segmentation")
         function = library_function(LESION)
         options = dict(request.options)
         steps = options.pop("sampling_steps", None)
-        if steps:  # the panel's "sampling steps" are the lesion pipeline's DDIM steps
+        exact = bool(options.pop("exact_lesion", False))
+        if steps or exact:  # the panel's "sampling steps" are the lesion pipeline's DDIM steps
             from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig
 
-            options["config"] = LesionAnonymizationConfig(steps=int(steps))
+            settings: Dict[str, Any] = {"exact_lesion": exact}
+            if steps:
+                settings["steps"] = int(steps)
+            options["config"] = LesionAnonymizationConfig(**settings)
         result = call_with_supported_options(
-            function, request.image, request.lesion_mask, brain_mask=request.brain_mask,
-            weights=request.weights, device=request.device, seed=request.seed, progress=progress,
+            function, request.image, request.lesion_mask, brain_mask=brain,
+            weights=request.weights, device=request.device, seed=request.seed, progress=rest,
             droppable=("device", "progress", "brain_mask"), **options)
     elif request.operation == DEFACE:
         function = library_function(DEFACE)
         result = call_with_supported_options(
-            function, request.image, request.method, brain_mask=request.brain_mask, progress=progress,
+            function, request.image, request.method, brain_mask=brain, progress=rest,
             seed=request.seed, droppable=("device", "progress", "seed", "weights"), device=request.device)
     else:
         raise InputError(f"unknown operation {request.operation!r}")
@@ -197,6 +274,13 @@ def run_request(request: AnonymizationRequest, progress: Optional[ProgressCallba
     if output.shape != request.image.shape:
         raise AnonMRIError(f"the pipeline returned shape {output.shape}, not the input's {request.image.shape}")
     report(progress, 1.0, "done")
+    return output, brain
+
+
+def run_request(request: AnonymizationRequest, progress: Optional[ProgressCallback] = None) -> Volume:
+    """Run the library for ``request`` (any thread; touches no MRML) and return the output Volume."""
+    output, _brain = run_request_with_mask(request, progress)
+    release_device_memory()
     return output
 
 
@@ -207,13 +291,207 @@ class ScoresRequest:
     original: Volume
     anonymized: Volume
     brain_mask: Optional[Volume] = None
+    device: str = "auto"
 
 
 def run_scores(request: ScoresRequest, progress: Optional[ProgressCallback] = None) -> Dict[str, Any]:
-    """``AnonMRILib.evaluation.scores.scan_scores`` for ``request`` (any thread)."""
+    """``AnonMRILib.evaluation.scores.scan_scores`` for ``request`` (any thread).
+
+    Without a brain mask, one is computed first on the request's device (the library would
+    otherwise compute it on its default device)."""
     function = library_function("scores")
-    return dict(call_with_supported_options(function, request.original, request.anonymized,
-                                            brain_mask=request.brain_mask, progress=progress))
+    brain, rest = request.brain_mask, progress
+    if brain is None:
+        brain = compute_brain_mask(request.original, request.device, sub_progress(progress, 0.0, 0.5))
+        rest = sub_progress(progress, 0.5, 1.0)
+    return dict(call_with_supported_options(function, request.original, request.anonymized, brain_mask=brain,
+                                            progress=rest, device=request.device))
+
+
+#: node attribute saying what AnonMRI made a node for (its outputs) or read it as (the original)
+ROLE_ATTRIBUTE = "AnonMRI.Role"
+ANONYMIZED_ROLE, BRAIN_MASK_ROLE, SCORES_ROLE, ORIGINAL_ROLE = "anonymized", "brainMask", "scores", "original"
+#: on a brain mask AnonMRI computed: the ID of the volume node it belongs to
+COMPUTED_FOR_ATTRIBUTE = "AnonMRI.ComputedFor"
+#: AnonMRI's own subject-hierarchy folder (outside any patient / study of the original)
+RESULTS_FOLDER = "AnonMRI results"
+#: subject-hierarchy attributes that identify a patient or a study (the DICOM module sets them)
+PATIENT_ATTRIBUTE_PREFIX = "DICOM."
+
+
+def _nodes_with_role(scene, role: str) -> List:
+    nodes = []
+    for index in range(scene.GetNumberOfNodes()):
+        node = scene.GetNthNode(index)
+        if node.GetAttribute(ROLE_ATTRIBUTE) == role:
+            nodes.append(node)
+    return nodes
+
+
+def neutral_name(scene, stem: str, role: str) -> str:
+    """``"<stem> <n>"`` with n one more than the number of nodes of ``role`` (and unused)."""
+    number = len(_nodes_with_role(scene, role)) + 1
+    while scene.GetFirstNodeByName(f"{stem} {number}") is not None:
+        number += 1
+    return f"{stem} {number}"
+
+
+def neutral_output_name(scene, method_name: str) -> str:
+    """``"Anonymized <n> (<method>)"``: numbered, never derived from the input node's name."""
+    number = len(_nodes_with_role(scene, ANONYMIZED_ROLE)) + 1
+    while scene.GetFirstNodeByName(f"Anonymized {number} ({method_name})") is not None:
+        number += 1
+    return f"Anonymized {number} ({method_name})"
+
+
+def _subject_hierarchy(scene):
+    import slicer
+
+    return slicer.vtkMRMLSubjectHierarchyNode.GetSubjectHierarchyNode(scene)
+
+
+def results_folder_item(scene) -> int:
+    """The subject-hierarchy folder "AnonMRI results" directly under the scene (created once)."""
+    sh = _subject_hierarchy(scene)
+    scene_item = sh.GetSceneItemID()
+    children = []
+    import vtk
+
+    ids = vtk.vtkIdList()
+    sh.GetItemChildren(scene_item, ids, False)
+    children = [ids.GetId(i) for i in range(ids.GetNumberOfIds())]
+    for item in children:
+        if sh.GetItemName(item) == RESULTS_FOLDER and sh.GetItemAttribute(item, ROLE_ATTRIBUTE) == "results":
+            return item
+    item = sh.CreateFolderItem(scene_item, RESULTS_FOLDER)
+    sh.SetItemAttribute(item, ROLE_ATTRIBUTE, "results")
+    return item
+
+
+def mark_result(node, role: str) -> None:
+    """Tag ``node`` as an AnonMRI result and move it into the results folder (subject hierarchy)."""
+    node.SetAttribute(ROLE_ATTRIBUTE, role)
+    scene = node.GetScene()
+    sh = _subject_hierarchy(scene)
+    folder = results_folder_item(scene)
+    item = sh.GetItemByDataNode(node)
+    if item:
+        sh.SetItemParent(item, folder)
+    else:
+        sh.CreateItem(folder, node)
+
+
+def neutral_file_name(name: str, suffix: str = ".nrrd") -> str:
+    """A file name from a neutral node name: "Anonymized 1 (CP-GAN)" -> "Anonymized_1_CP-GAN.nrrd"."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_") + suffix
+
+
+def set_default_file_name(node, name: str) -> None:
+    """Give ``node`` a storage node whose file name (what Save offers) is the neutral ``name``."""
+    storage = node.GetStorageNode()
+    if storage is None:
+        storage = node.CreateDefaultStorageNode()
+        if storage is None:
+            return
+        node.GetScene().AddNode(storage)
+        node.SetAndObserveStorageNodeID(storage.GetID())
+    storage.SetFileName(neutral_file_name(name, "." + (storage.GetDefaultWriteFileExtension() or "nrrd")))
+
+
+def mask_belongs_to_other_volume(mask_node, volume_node) -> bool:
+    """True for a brain mask AnonMRI computed for another volume than ``volume_node``."""
+    if mask_node is None or volume_node is None:
+        return False
+    owner = mask_node.GetAttribute(COMPUTED_FOR_ATTRIBUTE)
+    return bool(owner) and owner != volume_node.GetID()
+
+
+def mark_original(node) -> None:
+    """Tag an input volume as the original (see :func:`original_data_in_scene`)."""
+    if not node.GetAttribute(ROLE_ATTRIBUTE):
+        node.SetAttribute(ROLE_ATTRIBUTE, ORIGINAL_ROLE)
+
+
+def original_data_in_scene(scene) -> List[str]:
+    """Descriptions of what in ``scene`` belongs to the original study (no patient values)."""
+    originals = len(_nodes_with_role(scene, ORIGINAL_ROLE))
+    found = [f"{originals} input volume(s) that AnonMRI anonymized"] if originals else []
+    sh = _subject_hierarchy(scene)
+    if sh is not None:
+        import vtk
+
+        ids = vtk.vtkIdList()
+        sh.GetItemChildren(sh.GetSceneItemID(), ids, True)
+        for index in range(ids.GetNumberOfIds()):
+            item = ids.GetId(index)
+            names = [name for name in sh.GetItemAttributeNames(item) if name.startswith(PATIENT_ATTRIBUTE_PREFIX)]
+            if names:
+                level = sh.GetItemLevel(item) or "item"
+                found.append(f"a {level} item with DICOM attributes ({', '.join(sorted(names))})")
+    return found
+
+
+def export_formats() -> List[str]:
+    """File suffixes :meth:`AnonMRILogicCore.exportAnonymized` can write, as the library offers them
+    (``AnonMRILib.io.formats.WRITE_SUFFIXES``, plus ``"DICOM"`` when the library has a DICOM writer
+    :func:`dicom_writer`)."""
+    from AnonMRILib.io.formats import WRITE_SUFFIXES
+
+    formats = [suffix for suffix in WRITE_SUFFIXES if suffix in (".nii.gz", ".nii", ".nrrd")]
+    formats += [suffix for suffix in WRITE_SUFFIXES if suffix not in formats]
+    if dicom_writer() is not None:
+        formats.append(DICOM_FORMAT)
+    return formats
+
+
+DICOM_FORMAT = "DICOM"
+#: where a DICOM writer of the library is looked for: (module, function(volume, folder, ...))
+DICOM_WRITERS = (("AnonMRILib.io.dicom_writer", "save_dicom_series"), ("AnonMRILib.io.writers", "save_dicom_series"),
+                 ("AnonMRILib.io.dicom", "save_dicom_series"))
+
+
+def dicom_writer() -> Optional[Callable]:
+    """The library's DICOM series writer when this AnonMRILib has one (a new pseudonymous patient and
+    study, new UIDs), else None."""
+    for module_name, function_name in DICOM_WRITERS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        function = getattr(module, function_name, None)
+        if callable(function):
+            return function
+    return None
+
+
+def export_volume(volume: Volume, path) -> str:
+    """Write ``volume`` to ``path``: an image file (suffix of :func:`export_formats`) or, for a
+    folder path when the library writes DICOM, a DICOM series under a new pseudonymous patient."""
+    import os
+
+    from AnonMRILib.io.formats import image_suffix
+    from AnonMRILib.io.writers import save_volume
+
+    path = str(path)
+    if image_suffix(path):
+        return str(save_volume(volume, path))
+    writer = dicom_writer()
+    if writer is None:
+        raise InputError(f"{os.path.basename(path)}: choose one of {', '.join(export_formats())}")
+    return str(writer(volume, path))
+
+
+def check_weights_path(operation: str, weights: str) -> None:
+    """A CP-GAN weights *file* or a lesion weights *folder*; a clear error for the other kind."""
+    import os
+
+    if operation == LESION and not os.path.isdir(weights):
+        raise InputError("the lesion method needs a weights folder (holding lesion_vae.safetensors and "
+                         "lesion_diffusion.safetensors), not a file")
+    if operation == REMODEL and not os.path.isfile(weights):
+        raise InputError("CP-GAN needs a weights file (.safetensors)")
 
 
 class AnonMRILogicCore:
@@ -229,18 +507,24 @@ class AnonMRILogicCore:
     # --- step 1: nodes -> request ---------------------------------------------------------
     def prepare(self, method: str, volumeNode, brainMaskNode=None, lesionNode=None, weights=None,
                 device: str = "auto", seed: int = 0, rotations: int = 0, samplingSteps: int = 0,
-                lesionSegments: Optional[Sequence[str]] = None) -> AnonymizationRequest:
+                lesionSegments: Optional[Sequence[str]] = None, exactLesion: bool = False,
+                checkBrainMask: bool = True) -> AnonymizationRequest:
         """Read the input nodes (main thread) into a request for :func:`run_request`.
 
         ``method``: a Method label (see :func:`method_labels`) or ``remodel`` / ``lesion`` / a
-        removal baseline name. ``weights``: None for the bundled model or a file path.
+        removal baseline name. ``weights``: None for the bundled model, else a file (CP-GAN) or a
+        folder (lesion: ``lesion_vae.safetensors`` + ``lesion_diffusion.safetensors``).
         ``rotations`` (CP-GAN's K) and ``samplingSteps`` (diffusion): 0 = the model's default.
+        ``exactLesion``: lesion voxels copied bit for bit. ``checkBrainMask``: refuse a given brain
+        mask that is not plausibly a brain.
         """
         operation, removal = parse_method_label(method)
         if volumeNode is None:
             raise InputError("select an input volume")
         image = mrml.volume_from_node(volumeNode)
-        brain = mrml.mask_from_node(brainMaskNode, volumeNode, what="brain mask") if brainMaskNode else None
+        brain = None
+        if brainMaskNode is not None and uses_brain_mask(operation):
+            brain = mrml.mask_from_node(brainMaskNode, volumeNode, what="brain mask")
         lesion = None
         if operation == LESION:
             if lesionNode is None:
@@ -251,28 +535,68 @@ class AnonMRILogicCore:
             options["rotations"] = int(rotations)
         if operation == LESION and int(samplingSteps) > 0:
             options["sampling_steps"] = int(samplingSteps)
+        if operation == LESION and exactLesion:
+            options["exact_lesion"] = True
         weights_path = str(weights) if weights not in (None, "", ".") else None
-        name = f"{volumeNode.GetName()} anonymized ({short_method_name(operation, removal)})"
+        if weights_path is not None:
+            check_weights_path(operation, weights_path)
+        mark_original(volumeNode)
         return AnonymizationRequest(operation=operation, image=image, method=removal, brain_mask=brain,
                                     lesion_mask=lesion, weights=weights_path, device=str(device),
                                     seed=int(seed), options=options, input_node_id=volumeNode.GetID(),
-                                    output_name=name)
+                                    output_name=short_method_name(operation, removal),
+                                    check_brain_mask=bool(checkBrainMask))
 
     # --- step 3: result -> node ------------------------------------------------------------
     def addOutput(self, request: AnonymizationRequest, output: Volume, volumeNode=None):
-        """A new volume node holding ``output``, named after the input, under the input's transform."""
+        """A new volume node holding ``output`` with a neutral name ("Anonymized 1 (CP-GAN)"), under
+        the input's transform, in AnonMRI's subject-hierarchy folder."""
         scene = self.mrmlScene()
         if volumeNode is None and request.input_node_id:
             volumeNode = scene.GetNodeByID(request.input_node_id)
         transform = volumeNode.GetParentTransformNode() if volumeNode is not None else None
-        return mrml.add_volume_node(scene, output, request.output_name or "anonymized",
-                                    parent_transform_node=transform)
+        name = neutral_output_name(scene, request.output_name or short_method_name(request.operation, request.method))
+        node = mrml.add_volume_node(scene, output, name, parent_transform_node=transform)
+        mark_result(node, ANONYMIZED_ROLE)
+        set_default_file_name(node, name)
+        return node
+
+    def addBrainMask(self, mask: Volume, outputNode=None, volumeNode=None):
+        """The brain mask a run used, as an editable segmentation ("Brain mask 1") next to the output."""
+        scene = self.mrmlScene()
+        transform = volumeNode.GetParentTransformNode() if volumeNode is not None else None
+        node = mrml.add_segmentation_node(scene, mask, neutral_name(scene, "Brain mask", BRAIN_MASK_ROLE),
+                                          segment_name="brain", color=(0.9, 0.7, 0.2),
+                                          parent_transform_node=transform)
+        mark_result(node, BRAIN_MASK_ROLE)
+        if volumeNode is not None:
+            node.SetAttribute(COMPUTED_FOR_ATTRIBUTE, volumeNode.GetID())
+        set_default_file_name(node, node.GetName())
+        return node
 
     def process(self, method: str, volumeNode, brainMaskNode=None, lesionNode=None,
                 progress: Optional[ProgressCallback] = None, **settings):
         """prepare -> run -> addOutput in the calling thread; returns the new volume node."""
         request = self.prepare(method, volumeNode, brainMaskNode, lesionNode, **settings)
         return self.addOutput(request, run_request(request, progress), volumeNode)
+
+    # --- export and scene privacy ---------------------------------------------------------------
+    def exportAnonymized(self, node, path) -> str:
+        """Write only the anonymized ``node`` to ``path`` (a format of :func:`export_formats`).
+
+        The file is written from the voxels and geometry alone (``AnonMRILib.io.writers``): no
+        node name, attribute or subject-hierarchy value of the scene goes into it. Only AnonMRI's
+        outputs can be exported this way. Returns the written path.
+        """
+        if node is None or node.GetAttribute(ROLE_ATTRIBUTE) != ANONYMIZED_ROLE:
+            raise InputError("only an anonymized volume made by AnonMRI can be exported here")
+        return str(export_volume(mrml.volume_from_node(node), path))
+
+    def originalDataInScene(self) -> List[str]:
+        """What a saved scene would still hold of the original study: the input volumes AnonMRI
+        read and subject-hierarchy items carrying DICOM patient/study attributes (descriptions,
+        never the values)."""
+        return original_data_in_scene(self.mrmlScene())
 
     # --- console scripting -----------------------------------------------------------------
     def loadSample(self):
@@ -285,25 +609,34 @@ class AnonMRILogicCore:
         return head, brain
 
     def remodelFace(self, volumeNode, brainMaskNode=None, weights=None, device: str = "auto", seed: int = 0,
-                    progress: Optional[ProgressCallback] = None, rotations: int = 0):
-        """CP-GAN face remodeling; every brain voxel is kept. Returns the new volume node."""
+                    progress: Optional[ProgressCallback] = None, rotations: int = 0, checkBrainMask: bool = True):
+        """CP-GAN face remodeling; every brain voxel is kept. Returns the new volume node.
+
+        ``checkBrainMask``: refuse a given brain mask that is not plausibly a brain."""
         return self.process(REMODEL, volumeNode, brainMaskNode, None, progress, weights=weights,
-                            device=device, seed=seed, rotations=rotations)
+                            device=device, seed=seed, rotations=rotations, checkBrainMask=checkBrainMask)
 
     def anonymizeLesions(self, volumeNode, segmentationNode, brainMaskNode=None, weights=None,
                          device: str = "auto", seed: int = 0, samplingSteps: int = 0,
-                         segments: Optional[Sequence[str]] = None, progress: Optional[ProgressCallback] = None):
+                         segments: Optional[Sequence[str]] = None, progress: Optional[ProgressCallback] = None,
+                         exactLesion: bool = False, checkBrainMask: bool = True):
         """Lesion-preserving anonymization with the lesion from ``segmentationNode`` (segments: all
-        or the names given). Returns the new volume node."""
+        or the names given). ``weights``: None (shipped) or a folder. ``exactLesion``: lesion voxels
+        kept bit for bit. Returns the new volume node."""
         return self.process(LESION, volumeNode, brainMaskNode, segmentationNode, progress, weights=weights,
-                            device=device, seed=seed, samplingSteps=samplingSteps, lesionSegments=segments)
+                            device=device, seed=seed, samplingSteps=samplingSteps, lesionSegments=segments,
+                            exactLesion=exactLesion, checkBrainMask=checkBrainMask)
 
-    def deface(self, volumeNode, method: str, brainMaskNode=None, progress: Optional[ProgressCallback] = None):
-        """A removal baseline (``method`` from :func:`removal_methods`). Returns the new volume node."""
+    def deface(self, volumeNode, method: str, brainMaskNode=None, progress: Optional[ProgressCallback] = None,
+               device: str = "auto", checkBrainMask: bool = True):
+        """A removal baseline (``method`` from :func:`removal_methods`). Returns the new volume node.
+
+        ``device``: where a brain mask is computed when none is given."""
         operation, removal = parse_method_label(method)
         if operation != DEFACE:
             raise InputError(f"{method!r} is not a removal method; use one of: {', '.join(removal_methods())}")
-        return self.process(REMOVAL_LABEL_PREFIX + removal, volumeNode, brainMaskNode, None, progress)
+        return self.process(REMOVAL_LABEL_PREFIX + removal, volumeNode, brainMaskNode, None, progress,
+                            device=device, checkBrainMask=checkBrainMask)
 
     def renderFace(self, volumeNode, view: str = "anterior", size: int = 256, device: str = "cpu") -> np.ndarray:
         """The library's ray-cast face rendering of ``volumeNode``: (size, size) float image in [0, 1]."""
@@ -311,8 +644,8 @@ class AnonMRILogicCore:
         image = mrml.volume_from_node(volumeNode)
         return np.asarray(call_with_supported_options(function, image, view=view, size=int(size), device=device))
 
-    def prepareScores(self, originalNode, anonymizedNode, brainMaskNode=None) -> "ScoresRequest":
-        """Read the nodes for :func:`run_scores` (main thread)."""
+    def prepareScores(self, originalNode, anonymizedNode, brainMaskNode=None, device: str = "auto") -> "ScoresRequest":
+        """Read the nodes for :func:`run_scores` (main thread); ``device`` for a brain mask computed there."""
         if originalNode is None or anonymizedNode is None:
             raise InputError("select the original and the anonymized volume")
         original = mrml.volume_from_node(originalNode)
@@ -320,13 +653,19 @@ class AnonMRILogicCore:
         if not original.same_grid(anonymized):
             raise InputError("the anonymized volume does not lie on the original's grid")
         brain = mrml.mask_from_node(brainMaskNode, originalNode, what="brain mask") if brainMaskNode else None
-        return ScoresRequest(original, anonymized, brain)
+        return ScoresRequest(original, anonymized, brain, str(device))
 
     def scores(self, originalNode, anonymizedNode, brainMaskNode=None,
                progress: Optional[ProgressCallback] = None) -> Dict[str, Any]:
         """Per-scan scores of ``anonymizedNode`` against ``originalNode`` (same grid), as a dict."""
         return run_scores(self.prepareScores(originalNode, anonymizedNode, brainMaskNode), progress)
 
-    def scoresTable(self, scores: Dict[str, Any], tableNode=None, name: str = "AnonMRI scores"):
-        """Show ``scores`` in a table node (new unless ``tableNode`` is given)."""
-        return mrml.scores_table_node(self.mrmlScene(), scores, name=name, table_node=tableNode)
+    def scoresTable(self, scores: Dict[str, Any], tableNode=None, name: Optional[str] = None):
+        """Show ``scores`` in a table node (new, named "Scores 1", unless ``tableNode`` is given)."""
+        scene = self.mrmlScene()
+        if tableNode is None:
+            name = name or neutral_name(scene, "Scores", SCORES_ROLE)
+        table = mrml.scores_table_node(scene, scores, name=name or tableNode.GetName(), table_node=tableNode)
+        mark_result(table, SCORES_ROLE)
+        set_default_file_name(table, table.GetName())
+        return table

@@ -158,6 +158,37 @@ def add_volume_node(scene, volume: Volume, name: str, labelmap: bool = False,
     return node
 
 
+def add_segmentation_node(scene, mask: Volume, name: str, segment_name: str = "mask",
+                          color=(0.9, 0.7, 0.2), parent_transform_node=None):
+    """A new segmentation node in ``scene`` with one segment: the nonzero voxels of ``mask``.
+
+    The segment is editable in Segment Editor; its binary labelmap keeps ``mask``'s grid (world
+    RAS affine) exactly, so :func:`mask_from_node` gives the same voxels back.
+    """
+    import slicer
+
+    ensure_binary_labelmap_support()
+    labelmap = add_volume_node(scene, mask.with_array((np.asarray(mask.array) != 0).astype(np.uint8)),
+                               "AnonMRI temporary mask", labelmap=True, parent_transform_node=parent_transform_node,
+                               show=False)
+    segmentation = scene.AddNewNodeByClass("vtkMRMLSegmentationNode", scene.GenerateUniqueName(name))
+    try:
+        if parent_transform_node is not None:
+            segmentation.SetAndObserveTransformNodeID(parent_transform_node.GetID())
+        segmentation.SetReferenceImageGeometryParameterFromVolumeNode(labelmap)
+        if not slicer.vtkSlicerSegmentationsModuleLogic.ImportLabelmapToSegmentationNode(labelmap, segmentation):
+            raise InputError(f"the mask could not be turned into the segmentation '{name}'")
+    finally:
+        scene.RemoveNode(labelmap)
+    segmentation.CreateDefaultDisplayNodes()
+    segments = segmentation.GetSegmentation()
+    if segments.GetNumberOfSegments() > 0:
+        segment = segments.GetSegment(segments.GetNthSegmentID(0))
+        segment.SetName(segment_name)
+        segment.SetColor(*color)
+    return segmentation
+
+
 # --- masks --------------------------------------------------------------------------------------
 def _resample_nearest(mask: Volume, image: Volume) -> np.ndarray:
     """``mask`` resampled (nearest neighbour) onto ``image``'s grid; outside the mask is 0."""

@@ -85,8 +85,13 @@ def test_ui_is_valid_designer_xml_with_a_mrml_widget_and_collapsible_sections():
     assert root.tag == "ui" and root.find("class").text == "AnonMRI"
     top = root.find("widget")
     assert top.get("class") == "qMRMLWidget" and top.get("name") == "AnonMRI"
-    sections = {w.find("property/string").text for w in root.iter("widget") if w.get("class") == "ctkCollapsibleButton"}
-    assert {"Inputs", "Method", "Model and device", "Advanced", "Preview", "Output", "Scores"} <= sections
+    top_layout = root.find("widget/layout")
+    sections = [item.find("widget") for item in top_layout.findall("item") if item.find("widget") is not None]
+    titles = [w.find("property/string").text for w in sections if w.get("class") == "ctkCollapsibleButton"]
+    # the steps in the order a radiologist works: load -> method -> preview -> apply -> compare -> export
+    assert titles == ["1. Load", "2. Method", "3. Preview", "4. Apply", "5. Compare", "6. Export and scores"]
+    assert "Advanced" in {w.find("property/string").text for w in root.iter("widget")
+                          if w.get("class") == "ctkCollapsibleButton"}
     names = [w.get("name") for w in root.iter("widget")]
     assert len(names) == len(set(names)), "widget names must be unique"
     declared = {c.find("class").text for c in root.iter("customwidget")}
@@ -132,10 +137,40 @@ def test_the_inputs_the_issue_asks_for_are_in_the_panel():
     for name, annotation in node_fields.items():  # Slicer's wrapper needs None in a Union of node types
         if annotation.startswith(("Union[", "typing.Union[", "Optional[")):
             assert "None" in annotation or annotation.startswith("Optional["), f"{name}: Union[..., None] needed"
-    for name in ("method", "useBundledWeights", "weightsFile", "device", "seed", "rotations", "samplingSteps"):
+    for name in ("method", "useBundledWeights", "weightsFile", "device", "seed", "rotations", "samplingSteps",
+                 "lesionWeightsFolder", "exactLesion", "checkBrainMask", "compareFade", "linkCameras", "exportFormat"):
         assert name in fields
+    assert "Choice(EXPORT_FORMATS)" in ast.unparse(fields["exportFormat"])
     assert "Choice(DEVICE_CHOICES)" in ast.unparse(fields["device"])
     assert re.search(r'DEVICE_CHOICES = \["auto", "cuda", "cpu"\]', MODULE_PY.read_text())
+
+
+def _widget(name):
+    matches = [w for w in _ui_root().iter("widget") if w.get("name") == name]
+    assert len(matches) == 1, name
+    return matches[0]
+
+
+def _property(widget, name):
+    for prop in widget.findall("property"):
+        if prop.get("name") == name:
+            return "".join(prop.itertext()).strip()
+    return None
+
+
+def test_weights_selectors_take_a_file_for_cpgan_and_a_folder_for_the_lesion_method():
+    assert "Files" in _property(_widget("weightsPathLineEdit"), "filters")
+    assert "Dirs" in _property(_widget("lesionWeightsPathLineEdit"), "filters")
+    assert "Files" not in _property(_widget("lesionWeightsPathLineEdit"), "filters")
+
+
+def test_compare_and_export_controls():
+    fade = _widget("fadeSliderWidget")
+    assert fade.get("class") == "ctkSliderWidget" and _property(fade, "maximum") == "1.0"
+    for name in ("compareButton", "show3DButton", "exportButton", "loadSampleButton", "previewButton",
+                 "applyButton", "cancelButton"):
+        assert _widget(name).get("class") == "QPushButton"
+    assert _widget("linkCamerasCheckBox").get("class") == "QCheckBox"
 
 
 def test_every_ui_widget_the_module_uses_exists():
@@ -174,6 +209,16 @@ def test_top_level_cmakelists_has_what_the_extensions_index_checks():
                  "EXTENSION_ICONURL", "EXTENSION_SCREENSHOTURLS", "EXTENSION_DEPENDS"):
         assert values.get(name, "").strip(), f"{name} is missing or empty"
     assert values["EXTENSION_HOMEPAGE"].startswith("https://")
+    # one project home everywhere: the metadata, the module's help link and the weights' release assets
+    home = values["EXTENSION_HOMEPAGE"].split("#")[0]
+    owner_repo = home.split("github.com/")[1]
+    assert f"githubusercontent.com/{owner_repo}/" in values["EXTENSION_ICONURL"]
+    assert all(f"githubusercontent.com/{owner_repo}/" in url for url in values["EXTENSION_SCREENSHOTURLS"].split())
+    assert home in MODULE_PY.read_text(encoding="utf-8")
+    weights_store = (ROOT / "AnonMRILib" / "weights_store.py").read_text(encoding="utf-8")
+    assert f'"{home}/releases/download/' in weights_store
+    for url in values["EXTENSION_SCREENSHOTURLS"].split():  # the screenshots exist in the repository
+        assert (ROOT / url.split("/main/")[1]).is_file(), url
     assert values["EXTENSION_ICONURL"].startswith("https://") and values["EXTENSION_ICONURL"].endswith(".png")
     assert all(url.startswith("https://") for url in values["EXTENSION_SCREENSHOTURLS"].split())
     order = ["find_package(Slicer REQUIRED)", "include(${Slicer_USE_FILE})", "add_subdirectory(AnonMRI)",
@@ -218,7 +263,9 @@ def test_module_cmakelists_builds_every_module_file():
 
 @pytest.mark.parametrize("path", ["AnonMRI/AnonMRI.py", "AnonMRI/AnonMRIModuleLib/mrml.py",
                                   "AnonMRI/AnonMRIModuleLib/core.py", "AnonMRI/AnonMRIModuleLib/tasks.py",
-                                  "AnonMRI/AnonMRIModuleLib/render3d.py"])
+                                  "AnonMRI/AnonMRIModuleLib/render3d.py", "AnonMRI/AnonMRIModuleLib/jobs.py",
+                                  "AnonMRI/AnonMRIModuleLib/compare.py", "AnonMRI/AnonMRIModuleLib/dependencies.py",
+                                  "AnonMRILib/worker.py", "AnonMRILib/weights_store.py"])
 def test_module_files_never_use_python_310_syntax(path):
     source = (ROOT / path).read_text(encoding="utf-8")
     tree = ast.parse(source, feature_version=(3, 9))

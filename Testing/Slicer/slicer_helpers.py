@@ -43,3 +43,16 @@ def synthetic_head(shape=(40, 44, 36), affine=None, seed=0):
     head += rng.normal(0.0, 5.0, size=shape) * (r < 1.0)
     return (Volume(np.round(head).astype(np.int16), affine),
             Volume(brain.astype(np.uint8), affine))
+
+
+def spawn_child_and_wait(volumes, options, progress):
+    """A worker entry (run in the worker process) that starts a child process, reports its PID as
+    the progress message, then waits: for the test that Cancel kills the whole process tree."""
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    progress(0.5, str(child.pid))
+    time.sleep(120)
+    return {}

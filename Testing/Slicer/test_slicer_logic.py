@@ -1,8 +1,5 @@
 """The module's logic core against real MRML nodes (slicer-core): requests, outputs, library calls."""
 import importlib
-import inspect
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -10,7 +7,6 @@ import pytest
 from AnonMRILib.errors import InputError, WeightsError
 from AnonMRILib.io.volume import Volume
 from AnonMRIModuleLib import core, mrml
-from AnonMRIModuleLib.tasks import CANCELLED, DONE, FAILED, BackgroundTask
 from slicer_helpers import require_slicer_core, rotated_affine, synthetic_head
 
 slicer = require_slicer_core()  # skips this module without slicer-core
@@ -46,7 +42,7 @@ def _keep_brain_blank_rest(volume, brain_mask=None, weights=None, device="auto",
     return volume.with_array(out)
 
 
-def test_process_names_the_output_after_the_input_and_keeps_geometry_and_transform(scene, head_nodes, monkeypatch):
+def test_process_gives_the_output_a_neutral_name_and_keeps_geometry_and_transform(scene, head_nodes, monkeypatch):
     head, brain, head_node, brain_node = head_nodes
     transform = scene.AddNewNodeByClass("vtkMRMLLinearTransformNode", "registration")
     shift = np.eye(4)
@@ -57,8 +53,9 @@ def test_process_names_the_output_after_the_input_and_keeps_geometry_and_transfo
     monkeypatch.setattr(core, "library_function", lambda operation: _keep_brain_blank_rest)
     messages = []
     logic = core.AnonMRILogicCore(scene)
-    out = logic.remodelFace(head_node, brain_node, seed=5, rotations=7, progress=lambda f, m: messages.append(m))
-    assert out.GetName() == "sub-07 T1w anonymized (CP-GAN)"
+    out = logic.remodelFace(head_node, brain_node, seed=5, rotations=7, progress=lambda f, m: messages.append(m),
+                            checkBrainMask=False)  # a small synthetic head: not a plausible human brain
+    assert out.GetName() == "Anonymized 1 (CP-GAN)"
     assert out.GetParentTransformNode() is transform
     result = mrml.volume_from_node(out, world=False)
     np.testing.assert_allclose(result.affine, head.affine, atol=1e-9)
@@ -116,57 +113,6 @@ def test_request_holds_no_mrml_object(scene, head_nodes):
     assert request.options == {} and request.weights is None and request.seed == 3
 
 
-# --- background task ------------------------------------------------------------------------------
-def test_background_task_reports_progress_and_returns_the_result():
-    release = threading.Event()
-
-    def work(progress):
-        progress(0.25, "a quarter")
-        release.wait(5)
-        progress(0.75, "three quarters")
-        return 42
-
-    task = BackgroundTask(work).start()
-    deadline = time.monotonic() + 5
-    while task.status().fraction < 0.25 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    status = task.status()
-    assert status.state == "running" and status.fraction == 0.25 and status.message == "a quarter"
-    release.set()
-    assert task.wait(5)
-    assert task.status().state == DONE and task.status().fraction == 1.0 and task.result == 42
-
-
-def test_background_task_cancel_stops_at_the_next_progress_call():
-    calls = []
-
-    def work(progress):
-        for step in range(1000):
-            progress(step / 1000, "working")
-            calls.append(step)
-            time.sleep(0.002)
-        return "finished"
-
-    task = BackgroundTask(work).start()
-    time.sleep(0.05)
-    task.cancel()
-    assert task.wait(5)
-    assert task.status().state == CANCELLED and task.result is None
-    assert len(calls) < 1000
-
-
-def test_background_task_failure_keeps_the_error():
-    def work(progress):
-        raise InputError("the image is constant")
-
-    task = BackgroundTask(work).start()
-    assert task.wait(5)
-    assert task.status().state == FAILED
-    assert isinstance(task.error, InputError) and "Traceback" in task.error_traceback
-    with pytest.raises(RuntimeError):
-        task.start()
-
-
 # --- the real library ------------------------------------------------------------------------------
 def test_render_face_through_the_logic_is_an_image_in_unit_range(scene, head_nodes):
     pytest.importorskip("torch")
@@ -189,7 +135,7 @@ def test_deface_through_the_logic_keeps_brain_voxels(scene):
     method = "quickshear" if "quickshear" in methods else methods[0]
     messages = []
     out = logic.deface(head_node, method, brain_node, progress=lambda fraction, message: messages.append(fraction))
-    assert out.GetName() == f"sample anonymized ({method})"
+    assert out.GetName() == f"Anonymized 1 ({method})"
     result = mrml.volume_from_node(out)
     assert result.same_grid(head) and result.dtype == head.dtype
     inside = brain.array > 0
@@ -214,18 +160,19 @@ def test_remodel_with_a_weights_file_through_the_logic_keeps_brain_voxels(scene,
     save_generator(weights, CPGANGenerator(CPGANConfig(size=32, finest_channels=4, coarsest_channels=8)),
                    {"training": "none: random initialisation for a test"})
     logic = core.AnonMRILogicCore(scene)
-    out = logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3)
-    assert out.GetName() == "sub-07 T1w anonymized (CP-GAN)"
+    out = logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3, checkBrainMask=False)
+    assert out.GetName() == "Anonymized 1 (CP-GAN)"
     result = mrml.volume_from_node(out)
     assert result.same_grid(head) and result.dtype == head.dtype
     inside = brain.array > 0
     np.testing.assert_array_equal(result.array[inside], head.array[inside])
     assert (result.array[~inside] != head.array[~inside]).mean() > 0.05  # the rest was regenerated
-    again = mrml.volume_from_node(logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3))
+    again = mrml.volume_from_node(logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu", seed=3,
+                                                    checkBrainMask=False))
     np.testing.assert_array_equal(again.array, result.array)  # same seed, same output
     # the panel's rotations K reaches the privacy transform: another K, another hull, same brain
     other_k = mrml.volume_from_node(logic.remodelFace(head_node, brain_node, weights=str(weights), device="cpu",
-                                                      seed=3, rotations=4))
+                                                      seed=3, rotations=4, checkBrainMask=False))
     np.testing.assert_array_equal(other_k.array[inside], head.array[inside])
     assert not np.array_equal(other_k.array, result.array)
 
@@ -242,7 +189,7 @@ def test_remodel_sample_with_bundled_weights_through_the_logic_keeps_brain_voxel
         out = core.AnonMRILogicCore(scene).remodelFace(head_node, brain_node, device="cpu", seed=0)
     except WeightsError as error:
         pytest.skip(f"the bundled CP-GAN weights are not in this checkout yet: {error}")
-    assert out.GetName() == "sample anonymized (CP-GAN)"
+    assert out.GetName() == "Anonymized 1 (CP-GAN)"
     result = mrml.volume_from_node(out)
     inside = brain.array > 0
     np.testing.assert_array_equal(result.array[inside], head.array[inside])
@@ -293,20 +240,114 @@ def test_lesion_anonymization_gets_the_segmentation_as_a_mask_on_the_image_grid(
 
     monkeypatch.setattr(core, "library_function", lambda operation: lesion_pipeline)
     out = core.AnonMRILogicCore(scene).anonymizeLesions(head_node, segmentation, seed=4, samplingSteps=20)
-    assert out.GetName() == "sub-07 T1w anonymized (lesion-preserving)"
+    assert out.GetName() == "Anonymized 1 (lesion-preserving)"
     np.testing.assert_array_equal(received["mask"].array, labels)
     assert received["mask"].same_grid(head) and received["seed"] == 4 and received["steps"] == 20
     result = mrml.volume_from_node(out)
     np.testing.assert_array_equal(result.array[labels > 0], head.array[labels > 0])
 
+    # the panel's path: the same request as job options (JSON) for the worker, with exact lesion voxels
+    import json
 
-def test_lesion_anonymization_through_the_logic_with_the_shipped_models(scene, head_nodes):
-    """The real lesion pipeline behind the panel: output on the input grid, the rest regenerated."""
+    from AnonMRIModuleLib import jobs
+
+    request = core.AnonMRILogicCore(scene).prepare(core.LESION_LABEL, head_node, None, segmentation, seed=4,
+                                                   samplingSteps=20, exactLesion=True)
+    _, volumes, options = jobs.request_job(request)
+    received.clear()
+
+    def lesion_pipeline_exact(volume, lesion_mask, config=None, weights=None, device="auto", seed=0, progress=None):
+        received.update(exact=config.exact_lesion, steps=config.steps, seed=seed)
+        return volume
+
+    monkeypatch.setattr(core, "library_function", lambda operation: lesion_pipeline_exact)
+    jobs.anonymize(volumes, json.loads(json.dumps(options)))
+    assert received == {"exact": True, "steps": 20, "seed": 4}
+
+
+def test_lesion_method_with_the_shipped_weights_folder_and_exact_lesion_voxels(scene, head_nodes):
+    """The panel's lesion options: a weights *folder* (a file is refused), exact lesion voxels kept."""
+    from AnonMRILib.models import lesion_weights
+
     head, _, head_node, _ = head_nodes
     labels = np.zeros(head.shape, np.uint8)
     labels[12:16, 14:20, 10:14] = 1
     lesion_node = mrml.add_volume_node(scene, head.with_array(labels), "lesion labels", labelmap=True)
-    out = core.AnonMRILogicCore(scene).anonymizeLesions(head_node, lesion_node, device="cpu", seed=1, samplingSteps=3)
+    logic = core.AnonMRILogicCore(scene)
+    vae_file, _ = lesion_weights.resolve_weights(None)
+    folder = str(vae_file.parent)
+    with pytest.raises(InputError, match="weights folder"):
+        logic.anonymizeLesions(head_node, lesion_node, weights=str(vae_file), device="cpu", samplingSteps=2)
+    out = logic.anonymizeLesions(head_node, lesion_node, weights=folder, device="cpu", seed=1, samplingSteps=2,
+                                 exactLesion=True)
     result = mrml.volume_from_node(out)
-    assert result.same_grid(head) and result.dtype == head.dtype
-    assert (result.array[labels == 0] != head.array[labels == 0]).mean() > 0.05
+    inside = labels > 0
+    np.testing.assert_array_equal(result.array[inside], head.array[inside])
+    assert (result.array[~inside] != head.array[~inside]).mean() > 0.05
+
+
+def test_a_computed_brain_mask_uses_the_chosen_device_comes_back_and_becomes_a_segmentation(scene, head_nodes,
+                                                                                                monkeypatch):
+    """Without a brain mask the run computes one on the chosen device first, hands it to the pipeline,
+    returns it (jobs.anonymize), and the Logic shows it as an editable segmentation with the same voxels."""
+    from AnonMRIModuleLib import jobs
+
+    head, brain, head_node, _ = head_nodes
+    calls = {}
+
+    def fake_mask(image, device="auto", progress=None):
+        calls["device"] = device
+        return brain
+
+    def pipeline(volume, brain_mask=None, weights=None, device="auto", seed=0, progress=None):
+        calls["pipeline_mask"] = brain_mask
+        return volume.with_array(np.where(brain_mask.array > 0, volume.array, 0).astype(volume.dtype))
+
+    monkeypatch.setattr(core, "compute_brain_mask", fake_mask)
+    monkeypatch.setattr(core, "library_function", lambda operation: pipeline)
+    logic = core.AnonMRILogicCore(scene)
+    request = logic.prepare(core.REMODEL_LABEL, head_node, None, device="cuda:1")
+    result = jobs.anonymize(*jobs.request_job(request)[1:])
+    assert calls["device"] == "cuda:1" and calls["pipeline_mask"] is brain
+    assert result["brain_mask"] is brain
+    output = logic.addOutput(request, result["output"], head_node)
+    segmentation = logic.addBrainMask(result["brain_mask"], output, head_node)
+    assert segmentation.IsA("vtkMRMLSegmentationNode") and segmentation.GetName() == "Brain mask 1"
+    assert not core.mask_belongs_to_other_volume(segmentation, head_node)
+    other = mrml.add_volume_node(scene, head, "another scan")
+    assert core.mask_belongs_to_other_volume(segmentation, other)  # the panel clears it then
+    back = mrml.mask_from_node(segmentation, head_node)
+    np.testing.assert_array_equal(back.array, brain.array)
+    # the scores reuse it: the request carries these voxels, nothing is computed again
+    calls.clear()
+    scores_request = logic.prepareScores(head_node, output, segmentation, device="cuda:1")
+    np.testing.assert_array_equal(scores_request.brain_mask.array, brain.array)
+
+    def fake_scores(original, anonymized, brain_mask=None, progress=None):
+        calls["scores_mask"] = brain_mask
+        return {"n": 1.0}
+
+    monkeypatch.setattr(core, "library_function", lambda operation: fake_scores)
+    result = jobs.scores(*jobs.scores_job(scores_request)[1:])
+    assert result == {"scores": {"n": 1.0}} and "device" not in calls  # no second brain mask
+    np.testing.assert_array_equal(calls["scores_mask"].array, brain.array)
+    # without a mask, the scores job computes one on the chosen device
+    jobs.scores({"original": head, "anonymized": mrml.volume_from_node(output)}, {"device": "cuda:1"})
+    assert calls["device"] == "cuda:1" and calls["scores_mask"] is brain
+
+
+def test_a_given_whole_head_mask_is_refused_when_the_library_has_the_plausibility_check(scene):
+    if core.plausibility_checker() is None:
+        pytest.skip("this AnonMRILib has no transforms.plausibility.check_brain_mask yet")
+    from AnonMRILib.sample_data import load_sample_head
+
+    head = load_sample_head()
+    head_node = mrml.add_volume_node(scene, head, "sample")
+    whole_head = mrml.add_volume_node(scene, head.with_array((head.array > np.percentile(head.array, 60))
+                                                             .astype(np.uint8)), "head", labelmap=True)
+    logic = core.AnonMRILogicCore(scene)
+    with pytest.raises(InputError, match="Check brain mask"):
+        logic.deface(head_node, core.removal_methods()[0], whole_head)
+    assert scene.GetFirstNodeByName(f"Anonymized 1 ({core.removal_methods()[0]})") is None  # nothing added
+    out = logic.deface(head_node, core.removal_methods()[0], whole_head, checkBrainMask=False)  # the user's choice
+    assert out is not None
