@@ -9,8 +9,9 @@ the brain voxels were verified unchanged.
 import argparse
 from pathlib import Path
 
-from .common import (add_brain_mask_argument, add_input_argument, add_quiet_argument, add_series_uid_argument,
-                     load_input, load_user_brain_mask)
+from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_input_argument,
+                     add_plausibility_argument, add_quiet_argument, add_series_uid_argument, checked_brain_mask,
+                     load_input, stage_bids_sidecar)
 
 
 def add_parser(subparsers) -> None:
@@ -29,6 +30,8 @@ def add_parser(subparsers) -> None:
                         help="before/after rendering (default: <output stem>_before_after.png next to OUT)")
     parser.add_argument("--no-before-after", action="store_true", help="do not write the before/after PNG")
     parser.add_argument("--seed", type=int, default=0, help="random seed (DEFACE registration sampling)")
+    add_plausibility_argument(parser)
+    add_bids_sidecar_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
@@ -42,9 +45,10 @@ def before_after_path(output: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.errors import InputError
-    from AnonMRILib.io import check_output_path, save_volume
+    from AnonMRILib.io import check_output_path
+    from AnonMRILib.io.writers import OutputTransaction
     from AnonMRILib.pipelines.baselines import deface
-    from AnonMRILib.progress import TqdmProgress
+    from AnonMRILib.progress import TqdmProgress, sub_progress
     from AnonMRILib.rendering import check_png_path, render_face, save_png, side_by_side, skin_iso_level
 
     inputs = [args.input, args.brain_mask]
@@ -55,15 +59,18 @@ def run(args: argparse.Namespace) -> int:
         if figure_path.resolve() == Path(args.output).resolve():
             raise InputError(f"{figure_path}: the before/after PNG cannot be the output image")
     volume = load_input(args)
-    mask = load_user_brain_mask(args, volume)
     with TqdmProgress(f"deface ({args.method})", disable=args.quiet) as progress:
-        defaced = deface(volume, args.method, brain_mask=mask, progress=progress, seed=args.seed)
-    save_volume(defaced, args.output, like=volume, protect=inputs)
-    print(f"wrote {args.output}")
-    if figure_path is not None:
-        iso_level = skin_iso_level(volume)     # the original's skin level for both panels
-        figure = side_by_side([render_face(volume, iso_level=iso_level), render_face(defaced, iso_level=iso_level)],
-                              ["original", args.method])
-        save_png(figure, figure_path)
-        print(f"wrote {figure_path}")
+        mask = checked_brain_mask(args, volume, progress=sub_progress(progress, 0.0, 0.3))
+        defaced = deface(volume, args.method, brain_mask=mask, progress=sub_progress(progress, 0.3, 1.0),
+                         seed=args.seed)
+    with OutputTransaction() as outputs:  # all outputs or none: the figure is rendered before anything appears
+        outputs.add_volume(defaced, args.output, like=volume, protect=inputs)
+        if figure_path is not None:
+            iso_level = skin_iso_level(volume)     # the original's skin level for both panels
+            figure = side_by_side([render_face(volume, iso_level=iso_level),
+                                   render_face(defaced, iso_level=iso_level)], ["original", args.method])
+            outputs.add_file(figure_path, lambda path: save_png(figure, path), protect=inputs)
+        stage_bids_sidecar(outputs, args, args.output, args.method)
+    if not args.quiet:
+        print(f"wrote {args.output}" + (f" and {figure_path}" if figure_path is not None else ""))
     return 0

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="anonmri",
         description="De-identify MRI by remodeling the face while keeping the brain exactly.")
     parser.add_argument("--version", action="version", version=f"anonmri {__version__}")
+    parser.add_argument("--quiet", dest="quiet_before_command", action="store_true",
+                        help="no progress bar or messages (also accepted after the command)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
@@ -44,6 +46,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.quiet = bool(getattr(args, "quiet", False) or args.quiet_before_command)
     try:
         return int(args.func(args) or 0)
     except AnonMRIError as error:

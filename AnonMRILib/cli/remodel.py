@@ -7,8 +7,9 @@ anterior face renderings of the input and the output side by side.
 import argparse
 from pathlib import Path
 
-from .common import (add_brain_mask_argument, add_device_argument, add_input_argument, add_quiet_argument,
-                     add_series_uid_argument, load_input, load_user_brain_mask)
+from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_device_argument, add_input_argument,
+                     add_plausibility_argument, add_quiet_argument, add_series_uid_argument, checked_brain_mask,
+                     load_input, stage_bids_sidecar)
 
 
 def add_parser(subparsers) -> None:
@@ -30,34 +31,39 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--before-after", type=Path, default=None, metavar="PNG",
                         help="also write face renderings of input and output side by side")
     add_device_argument(parser)
+    add_plausibility_argument(parser)
+    add_bids_sidecar_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.errors import InputError
-    from AnonMRILib.io import check_output_path, save_volume
+    from AnonMRILib.io import check_output_path
+    from AnonMRILib.io.writers import OutputTransaction
     from AnonMRILib.pipelines.remodel import remodel_face
-    from AnonMRILib.progress import TqdmProgress
+    from AnonMRILib.progress import TqdmProgress, sub_progress
+    from AnonMRILib.rendering import check_png_path
 
     inputs = [args.input, args.brain_mask, args.weights]
     check_output_path(args.output, inputs)
     if args.before_after is not None:
         if args.before_after.suffix.lower() != ".png":
             raise InputError(f"{args.before_after}: --before-after must name a .png file")
-        if not (args.before_after.parent if str(args.before_after.parent) else Path(".")).is_dir():
-            raise InputError(f"{args.before_after.parent}: output folder does not exist")
+        check_png_path(args.before_after, inputs)
     volume = load_input(args)
-    mask = load_user_brain_mask(args, volume)
     with TqdmProgress("remodel", disable=args.quiet) as progress:
+        mask = checked_brain_mask(args, volume, progress=sub_progress(progress, 0.0, 0.3), device=args.device)
         output = remodel_face(volume, brain_mask=mask, weights=args.weights, device=args.device, rotations=args.rotations,
-                              seed=args.seed, progress=progress)
-    save_volume(output, args.output, like=volume, protect=[p for p in inputs if p is not None])
-    if args.before_after is not None:
-        from AnonMRILib.rendering import render_face, save_png, side_by_side
+                              seed=args.seed, progress=sub_progress(progress, 0.3, 1.0))
+    with OutputTransaction() as outputs:  # all outputs or none
+        outputs.add_volume(output, args.output, like=volume, protect=inputs)
+        if args.before_after is not None:
+            from AnonMRILib.rendering import render_face, save_png, side_by_side
 
-        save_png(side_by_side([render_face(volume), render_face(output)], labels=["input", "remodeled"]),
-                 args.before_after)
+            figure = side_by_side([render_face(volume), render_face(output)], labels=["input", "remodeled"])
+            outputs.add_file(args.before_after, lambda path: save_png(figure, path), protect=inputs)
+        stage_bids_sidecar(outputs, args, args.output, "remodel")
     if not args.quiet:
         print(f"wrote {args.output} (brain voxels verified identical to the input)")
     return 0
