@@ -102,3 +102,77 @@ def stage_bids_sidecar(outputs, args: argparse.Namespace, output: Path, method: 
     source = getattr(args, "input", None)
     outputs.add_file(sidecar_path(output), lambda path: write_deidentified_sidecar(
         path, method, codes=codes, source_image=source), protect=[source])
+
+
+def add_dicom_output_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "DICOM output", "when IN is a DICOM series folder and OUT a folder name without an image suffix (or "
+        "--output-format dicom), OUT is written as a DICOM series de-identified under DICOM PS3.15's Basic Profile "
+        "with the Clean Recognizable Visual Features option")
+    group.add_argument("--output-format", choices=("auto", "dicom", "image"), default="auto",
+                       help="auto (default): DICOM when IN is a DICOM folder and OUT has no image suffix")
+    group.add_argument("--pseudonym", default=None, help="Patient's Name / Patient ID of the DICOM output "
+                       "(default: derived from --uid-key and the original ID, else random)")
+    group.add_argument("--uid-key", type=Path, default=None, metavar="FILE",
+                       help="secret key file of the UID mapping: the same key gives the same new UIDs, so the "
+                            "series of one study stay one study (default: a random key per run)")
+    group.add_argument("--new-uid-key", type=Path, default=None, metavar="FILE",
+                       help="create a new key file (owner-readable only) and use it; keep it to process further "
+                            "series of the same studies")
+
+
+def dicom_output_requested(args: argparse.Namespace) -> bool:
+    """True when the command writes a DICOM series folder (see :func:`add_dicom_output_arguments`)."""
+    from AnonMRILib.io import image_suffix
+
+    mode = getattr(args, "output_format", "image")
+    if mode == "dicom":
+        return True
+    return mode == "auto" and Path(args.input).is_dir() and not image_suffix(args.output)
+
+
+def check_image_output(args: argparse.Namespace, inputs) -> None:
+    """Validate OUT before any work: an image file path, or for DICOM output an absent or empty folder and an
+    input series that can be written back."""
+    from AnonMRILib.errors import InputError
+    from AnonMRILib.io import check_output_path
+
+    inputs = [p for p in inputs if p is not None]
+    if not dicom_output_requested(args):
+        if getattr(args, "pseudonym", None) or getattr(args, "uid_key", None) or getattr(args, "new_uid_key", None):
+            raise InputError("--pseudonym/--uid-key/--new-uid-key apply to DICOM output only "
+                             "(a DICOM folder in, a folder out)")
+        check_output_path(args.output, inputs)
+        return
+    from AnonMRILib.io.dicom_writer import DicomDeidentificationConfig, check_dicom_output
+
+    output = Path(args.output)
+    if not Path(args.input).is_dir():
+        raise InputError("DICOM output needs a DICOM series folder as input")
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise InputError(f"{output}: the DICOM output folder exists and is not empty")
+    if any(Path(p).resolve() == output.resolve() for p in inputs):
+        raise InputError(f"{output}: refusing to write into the input folder")
+    if args.uid_key is not None and args.new_uid_key is not None:
+        raise InputError("give --uid-key or --new-uid-key, not both")
+    DicomDeidentificationConfig(pseudonym=args.pseudonym)  # checks the pseudonym
+    check_dicom_output(args.input, getattr(args, "series_uid", None))
+
+
+def stage_image_output(outputs, args: argparse.Namespace, volume: Volume, like: Volume, method: str, inputs) -> None:
+    """Stage OUT in ``outputs``: the volume as an image file, or as a de-identified DICOM series folder."""
+    inputs = [p for p in inputs if p is not None]
+    if not dicom_output_requested(args):
+        outputs.add_volume(volume, args.output, like=like, protect=inputs)
+        stage_bids_sidecar(outputs, args, args.output, method)
+        return
+    from AnonMRILib.io.dicom_writer import DicomDeidentificationConfig, new_uid_key, read_uid_key, write_dicom_series
+
+    key = None
+    if args.new_uid_key is not None:
+        key = read_uid_key(new_uid_key(args.new_uid_key))
+    elif args.uid_key is not None:
+        key = read_uid_key(args.uid_key)
+    config = DicomDeidentificationConfig(method=method, pseudonym=args.pseudonym, uid_key=key)
+    outputs.add_folder(args.output, lambda folder: write_dicom_series(
+        volume, args.input, folder, config, series_uid=getattr(args, "series_uid", None)))

@@ -9,9 +9,9 @@ the brain voxels were verified unchanged.
 import argparse
 from pathlib import Path
 
-from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_input_argument,
-                     add_plausibility_argument, add_quiet_argument, add_series_uid_argument, checked_brain_mask,
-                     load_input, stage_bids_sidecar)
+from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_dicom_output_arguments,
+                     add_input_argument, add_plausibility_argument, add_quiet_argument, add_series_uid_argument,
+                     check_image_output, checked_brain_mask, load_input, stage_image_output)
 
 
 def add_parser(subparsers) -> None:
@@ -22,7 +22,7 @@ def add_parser(subparsers) -> None:
         description="De-identify with a removal baseline (QUICKSHEAR, FACE MASK, DEFACE, skull stripping, "
                     "blur, black) keeping every brain voxel bit for bit; writes a before/after PNG.")
     add_input_argument(parser)
-    parser.add_argument("output", type=Path, help="output image (NIfTI, NRRD, MHA, MGZ)")
+    parser.add_argument("output", type=Path, help="output image (NIfTI, NRRD, MHA, MGZ) or, for a DICOM input, a DICOM output folder")
     parser.add_argument("--method", choices=REMOVAL_METHODS, required=True, help="removal method")
     add_brain_mask_argument(parser)
     add_series_uid_argument(parser)
@@ -32,6 +32,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (DEFACE registration sampling)")
     add_plausibility_argument(parser)
     add_bids_sidecar_argument(parser)
+    add_dicom_output_arguments(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
@@ -45,14 +46,13 @@ def before_after_path(output: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.errors import InputError
-    from AnonMRILib.io import check_output_path
     from AnonMRILib.io.writers import OutputTransaction
     from AnonMRILib.pipelines.baselines import deface
     from AnonMRILib.progress import TqdmProgress, sub_progress
     from AnonMRILib.rendering import check_png_path, render_face, save_png, side_by_side, skin_iso_level
 
     inputs = [args.input, args.brain_mask]
-    check_output_path(args.output, inputs)
+    check_image_output(args, inputs)
     figure_path = None
     if not args.no_before_after:
         figure_path = check_png_path(args.before_after or before_after_path(args.output), inputs)
@@ -64,13 +64,12 @@ def run(args: argparse.Namespace) -> int:
         defaced = deface(volume, args.method, brain_mask=mask, progress=sub_progress(progress, 0.3, 1.0),
                          seed=args.seed)
     with OutputTransaction() as outputs:  # all outputs or none: the figure is rendered before anything appears
-        outputs.add_volume(defaced, args.output, like=volume, protect=inputs)
+        stage_image_output(outputs, args, defaced, volume, args.method, inputs)
         if figure_path is not None:
             iso_level = skin_iso_level(volume)     # the original's skin level for both panels
             figure = side_by_side([render_face(volume, iso_level=iso_level),
                                    render_face(defaced, iso_level=iso_level)], ["original", args.method])
             outputs.add_file(figure_path, lambda path: save_png(figure, path), protect=inputs)
-        stage_bids_sidecar(outputs, args, args.output, args.method)
     if not args.quiet:
         print(f"wrote {args.output}" + (f" and {figure_path}" if figure_path is not None else ""))
     return 0
