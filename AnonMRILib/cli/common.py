@@ -80,17 +80,63 @@ def load_user_brain_mask(args: argparse.Namespace, image: Volume) -> Optional[Vo
 
 
 def checked_brain_mask(args: argparse.Namespace, image: Volume, progress=None, device: str = "auto") -> Optional[Volume]:
-    """The user's ``--brain-mask`` (checked), or with plausibility checks on the computed mask, checked
-    before any work uses it; None (the pipeline computes it) when neither applies."""
+    """The user's ``--brain-mask`` (checked), or with plausibility checks on (or ``--apply-to`` given) the
+    computed mask, checked before any work uses it; None (the pipeline computes it) otherwise."""
     mask = load_user_brain_mask(args, image)
-    if mask is not None or not plausibility_checks_on(args):
+    if mask is not None or not (plausibility_checks_on(args) or getattr(args, "apply_to", None)):
         return mask
     from AnonMRILib.transforms.brain_mask import brain_mask
     from AnonMRILib.transforms.plausibility import check_brain_mask
 
     mask = brain_mask(image, progress=progress, device=device)
-    check_brain_mask(image, mask)
+    if plausibility_checks_on(args):
+        check_brain_mask(image, mask)
     return mask
+
+
+def add_apply_to_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--apply-to", nargs=2, action="append", default=[], metavar=("IMAGE", "OUT"),
+                        help="another contrast of the same session (T2w, FLAIR, PD; NIfTI, ...) that receives the same "
+                             "face through a rigid registration to IN, keeping its own brain voxels; repeatable")
+
+
+def load_other_contrasts(args: argparse.Namespace, inputs) -> list:
+    """The ``--apply-to`` images, loaded and checked (and their output paths) before any work: [(Volume, IMAGE, OUT)]."""
+    from AnonMRILib.errors import InputError
+    from AnonMRILib.io import check_output_path, require_usable_image
+
+    pairs = [(Path(image), Path(out)) for image, out in getattr(args, "apply_to", None) or []]
+    outs = [Path(args.output).resolve()] + [out.resolve() for _, out in pairs]
+    if len(set(outs)) != len(outs):
+        raise InputError("--apply-to outputs must differ from each other and from OUT")
+    protect = [p for p in inputs if p is not None] + [image for image, _ in pairs]
+    loaded = []
+    for image, out in pairs:
+        check_output_path(out, protect)
+        volume = load_volume(image)
+        require_usable_image(volume, what=f"image {image}")
+        if plausibility_checks_on(args):
+            from AnonMRILib.transforms.plausibility import check_head_present
+
+            check_head_present(volume)
+        loaded.append((volume, image, out))
+    return loaded
+
+
+def stage_other_contrasts(outputs, args: argparse.Namespace, others: list, reference: Volume, reference_out: Volume,
+                          brain: Volume, method: str, inputs) -> None:
+    """Carry ``reference_out``'s face to each ``--apply-to`` image and stage its output (and sidecar)."""
+    from AnonMRILib.pipelines.multicontrast import carry_face
+
+    protect = [p for p in inputs if p is not None] + [image for _, image, _ in others]
+    for other, image, out in others:
+        carried = carry_face(reference, reference_out, brain, other)
+        outputs.add_volume(carried, out, like=other, protect=protect)
+        if getattr(args, "bids_sidecar", False):
+            from AnonMRILib.io.sidecar import sidecar_path, write_deidentified_sidecar
+
+            outputs.add_file(sidecar_path(out), lambda path, image=image: write_deidentified_sidecar(
+                path, method, source_image=image), protect=protect)
 
 
 def stage_bids_sidecar(outputs, args: argparse.Namespace, output: Path, method: str, codes=()) -> None:

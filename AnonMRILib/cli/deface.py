@@ -9,9 +9,10 @@ the brain voxels were verified unchanged.
 import argparse
 from pathlib import Path
 
-from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_dicom_output_arguments,
-                     add_input_argument, add_plausibility_argument, add_quiet_argument, add_series_uid_argument,
-                     check_image_output, checked_brain_mask, load_input, stage_image_output)
+from .common import (add_apply_to_argument, add_bids_sidecar_argument, add_brain_mask_argument,
+                     add_dicom_output_arguments, add_input_argument, add_plausibility_argument, add_quiet_argument,
+                     add_series_uid_argument, check_image_output, checked_brain_mask, load_input,
+                     load_other_contrasts, stage_image_output, stage_other_contrasts)
 
 
 def add_parser(subparsers) -> None:
@@ -33,6 +34,7 @@ def add_parser(subparsers) -> None:
     add_plausibility_argument(parser)
     add_bids_sidecar_argument(parser)
     add_dicom_output_arguments(parser)
+    add_apply_to_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
@@ -59,12 +61,14 @@ def run(args: argparse.Namespace) -> int:
         if figure_path.resolve() == Path(args.output).resolve():
             raise InputError(f"{figure_path}: the before/after PNG cannot be the output image")
     volume = load_input(args)
+    others = load_other_contrasts(args, inputs)
     with TqdmProgress(f"deface ({args.method})", disable=args.quiet) as progress:
         mask = checked_brain_mask(args, volume, progress=sub_progress(progress, 0.0, 0.3))
         defaced = deface(volume, args.method, brain_mask=mask, progress=sub_progress(progress, 0.3, 1.0),
                          seed=args.seed)
     with OutputTransaction() as outputs:  # all outputs or none: the figure is rendered before anything appears
         stage_image_output(outputs, args, defaced, volume, args.method, inputs)
+        stage_other_contrasts(outputs, args, others, volume, defaced, mask, args.method, inputs)
         if figure_path is not None:
             iso_level = skin_iso_level(volume)     # the original's skin level for both panels
             figure = side_by_side([render_face(volume, iso_level=iso_level),

@@ -7,9 +7,10 @@ anterior face renderings of the input and the output side by side.
 import argparse
 from pathlib import Path
 
-from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_device_argument,
+from .common import (add_apply_to_argument, add_bids_sidecar_argument, add_brain_mask_argument, add_device_argument,
                      add_dicom_output_arguments, add_input_argument, add_plausibility_argument, add_quiet_argument,
-                     add_series_uid_argument, check_image_output, checked_brain_mask, load_input, stage_image_output)
+                     add_series_uid_argument, check_image_output, checked_brain_mask, load_input,
+                     load_other_contrasts, stage_image_output, stage_other_contrasts)
 
 
 def add_parser(subparsers) -> None:
@@ -34,6 +35,7 @@ def add_parser(subparsers) -> None:
     add_plausibility_argument(parser)
     add_bids_sidecar_argument(parser)
     add_dicom_output_arguments(parser)
+    add_apply_to_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
@@ -52,12 +54,14 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{args.before_after}: --before-after must name a .png file")
         check_png_path(args.before_after, inputs)
     volume = load_input(args)
+    others = load_other_contrasts(args, inputs)
     with TqdmProgress("remodel", disable=args.quiet) as progress:
         mask = checked_brain_mask(args, volume, progress=sub_progress(progress, 0.0, 0.3), device=args.device)
         output = remodel_face(volume, brain_mask=mask, weights=args.weights, device=args.device, rotations=args.rotations,
                               seed=args.seed, progress=sub_progress(progress, 0.3, 1.0))
     with OutputTransaction() as outputs:  # all outputs or none
         stage_image_output(outputs, args, output, volume, "remodel", inputs)
+        stage_other_contrasts(outputs, args, others, volume, output, mask, "remodel", inputs)
         if args.before_after is not None:
             from AnonMRILib.rendering import render_face, save_png, side_by_side
 

@@ -56,3 +56,26 @@ def test_other_contrast_masks_and_grids_are_checked(session):
         carry_face_with_details(t1, t1, brain, t2, other_brain=Volume(brain.array, brain.affine))
     with pytest.raises(InputError, match="constant"):
         carry_face_with_details(t1, t1, brain, t2.with_array(np.zeros(t2.shape, np.int16)))
+
+
+def test_cli_apply_to_writes_every_contrast_or_none(session, tmp_path):
+    from AnonMRILib.cli.main import main
+    from AnonMRILib.io import load_volume, save_volume
+
+    t1, brain, t2, _ = session
+    paths = {name: save_volume(v, tmp_path / f"{name}.nii.gz") for name, v in
+             (("t1", t1), ("brain", brain), ("t2", t2))}
+    out, t2_out = tmp_path / "o" / "t1_out.nii.gz", tmp_path / "o" / "t2_out.nii.gz"
+    argv = ["deface", str(paths["t1"]), str(out), "--method", "black", "--brain-mask", str(paths["brain"]),
+            "--no-before-after", "--quiet", "--apply-to", str(paths["t2"]), str(t2_out)]
+    assert main(argv + ["--bids-sidecar"]) == 0
+    written = load_volume(t2_out)
+    assert written.same_grid(t2) and written.dtype == t2.dtype and not np.array_equal(written.array, t2.array)
+    assert (tmp_path / "o" / "t2_out.json").is_file()
+    # an --apply-to image that is not a head: nothing at all is written
+    noise = save_volume(Volume(np.random.default_rng(0).normal(0, 1, (64, 64, 64)).astype(np.float32), np.eye(4)),
+                        tmp_path / "noise.nii.gz")
+    argv[argv.index(str(paths["t2"]))] = str(noise)
+    argv[argv.index(str(out))] = str(tmp_path / "p" / "t1.nii.gz")
+    argv[argv.index(str(t2_out))] = str(tmp_path / "p" / "t2.nii.gz")
+    assert main(argv) == 2 and not (tmp_path / "p").exists()
