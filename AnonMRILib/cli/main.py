@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "score",
     "brainmask",
     "demo",
+    "bids",
 )
 
 
@@ -53,7 +54,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"anonmri {args.command}: error: {error}", file=sys.stderr)
         return 2
     except (Cancelled, KeyboardInterrupt):
-        print(f"anonmri {args.command}: cancelled; nothing was written", file=sys.stderr)
+        print(f"anonmri {args.command}: cancelled; no partial output was written", file=sys.stderr)
         return 130
     except MemoryError:
         print(f"anonmri {args.command}: error: out of memory; try --device cpu or a smaller model size",
