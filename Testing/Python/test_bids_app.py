@@ -132,3 +132,42 @@ def test_bad_dataset_and_failed_scans(dataset, tmp_path, capsys):
     status = {row[2]: row[5] for row in rows[1:]}
     assert status[SCANS[0]] == "failed" and status[SCANS[1]] == "blocked"
     assert status[SCANS[2]] == "done" and status[SCANS[3]] == "done"
+
+
+def test_sigkill_midway_leaves_only_finished_scans(dataset, tmp_path):
+    """A real kill (SIGKILL, no clean-up possible) after the first scan finished: every scan is either complete
+    (its record exists) or has no visible output file; the next run removes the scratch and finishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    bids, masks = dataset
+    out = tmp_path / "out"
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    process = subprocess.Popen([sys.executable, "-m", "AnonMRILib", "bids", str(bids), str(out), "participant",
+                                "--method", "black", "--brain-masks", str(masks), "--participant-label", "01",
+                                "--no-figures", "--quiet"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first_record = out / "sub-01" / "figures" / "sub-01_ses-1_T1w_scan.json"
+    deadline = time.monotonic() + 120
+    while not first_record.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert first_record.exists()
+    records = {p.name[: -len("_scan.json")] for p in out.rglob("*_scan.json")}
+    assert len(records) < 2, "the run finished before it could be killed; nothing was tested"
+    for path in out.rglob("*"):
+        if path.is_file() and not any(part.startswith(".anonmri-") for part in path.relative_to(out).parts):
+            stem = path.name.split(".")[0].replace("_mod-T1w_defacemask", "_T1w").replace("_mod-T2w_defacemask", "_T2w")
+            stem = stem.replace("_desc-brain_mask", "_T1w").replace("_before_after", "").replace("_scan", "")
+            if path.name in ("dataset_description.json",):
+                continue
+            assert stem in records, f"partial output of an unfinished scan: {path.relative_to(out)}"
+    assert bids_app(bids, masks, out, "--participant-label", "01", "--no-figures") == 0
+    assert not list(out.rglob(".anonmri-*"))
+    assert len(list(out.rglob("*_scan.json"))) == 2
