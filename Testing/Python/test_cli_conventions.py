@@ -63,7 +63,7 @@ def test_lesion_mask_covering_the_head_and_absurd_voxels_are_refused(tmp_path, c
     # 1e-9 mm voxels (a broken header): refused when read; 1e-3 mm: refused by the voxel-size check
     lesion = np.zeros(head.shape, np.uint8)
     lesion[60:70, 90:100, 100:110] = 1
-    for size, message in ((1e-9, "singular"), (1e-3, "voxel size")):
+    for size, message in ((1e-9, "nearly) zero"), (1e-3, "voxel size")):
         image = tmp_path / f"tiny_{size:g}.nii.gz"
         mask = tmp_path / f"tiny_mask_{size:g}.nii.gz"
         affine = np.diag([size, size, size, 1.0])
