@@ -17,6 +17,13 @@ from pathlib import Path
 from .common import add_device_argument, add_plausibility_argument, add_quiet_argument
 
 
+def default_workers() -> int:
+    """Half the CPU cores, at least 1 (each worker's torch also uses threads)."""
+    import os
+
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
 def add_parser(subparsers) -> None:
     from AnonMRILib.pipelines.baselines import REMOVAL_METHODS
 
@@ -35,11 +42,13 @@ def add_parser(subparsers) -> None:
                              "(default: HD-BET, loaded once per worker)")
     parser.add_argument("--weights", type=Path, default=None, help="CP-GAN weights (default: shipped)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of every scan (default 0)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="local worker processes (Dask LocalCluster; default 1 = in this process)")
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="local worker processes (a Dask LocalCluster; 1 = in this process; default: half the "
+                             f"CPU cores, here {default_workers()})")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
                         help="address of a dask.distributed scheduler (e.g. tcp://host:8786) instead of local workers")
-    parser.add_argument("--retries", type=int, default=1, help="retries of a scan after an unexpected error (default 1)")
+    parser.add_argument("--retries", type=int, default=1,
+                        help="retries of a scan after an unexpected error (default 1)")
     parser.add_argument("--no-figures", action="store_true", help="no before/after PNGs (faster)")
     add_device_argument(parser)
     add_plausibility_argument(parser)
@@ -68,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         bids_dir=str(bids_dir), out_dir=str(out_dir), method=args.method,
         brain_masks=str(args.brain_masks.resolve()) if args.brain_masks is not None else None,
         weights=str(args.weights) if args.weights is not None else None,
-        device="cpu" if args.device == "auto" and args.scheduler is None and args.workers > 1 else args.device,
+        device=args.device,
         seed=args.seed, plausibility_checks=not args.skip_plausibility_checks, figures=not args.no_figures,
         retries=args.retries)
     out_dir.mkdir(parents=True, exist_ok=True)

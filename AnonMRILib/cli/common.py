@@ -79,7 +79,8 @@ def load_user_brain_mask(args: argparse.Namespace, image: Volume) -> Optional[Vo
     return mask
 
 
-def checked_brain_mask(args: argparse.Namespace, image: Volume, progress=None, device: str = "auto") -> Optional[Volume]:
+def checked_brain_mask(args: argparse.Namespace, image: Volume, progress=None,
+                       device: str = "auto") -> Optional[Volume]:
     """The user's ``--brain-mask`` (checked), or with plausibility checks on (or ``--apply-to`` given) the
     computed mask, checked before any work uses it; None (the pipeline computes it) otherwise."""
     mask = load_user_brain_mask(args, image)
@@ -101,7 +102,8 @@ def add_apply_to_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def load_other_contrasts(args: argparse.Namespace, inputs) -> list:
-    """The ``--apply-to`` images, loaded and checked (and their output paths) before any work: [(Volume, IMAGE, OUT)]."""
+    """The ``--apply-to`` images, loaded and checked (and their output paths) before any work:
+    [(Volume, IMAGE, OUT)]."""
     from AnonMRILib.errors import InputError
     from AnonMRILib.io import check_output_path, require_usable_image
 

@@ -23,7 +23,8 @@ def add_parser(subparsers) -> None:
         description="De-identify with a removal baseline (QUICKSHEAR, FACE MASK, DEFACE, skull stripping, "
                     "blur, black) keeping every brain voxel bit for bit; writes a before/after PNG.")
     add_input_argument(parser)
-    parser.add_argument("output", type=Path, help="output image (NIfTI, NRRD, MHA, MGZ) or, for a DICOM input, a DICOM output folder")
+    parser.add_argument("output", type=Path,
+                        help="output image (NIfTI, NRRD, MHA, MGZ) or, for a DICOM input, a DICOM output folder")
     parser.add_argument("--method", choices=REMOVAL_METHODS, required=True, help="removal method")
     add_brain_mask_argument(parser)
     add_series_uid_argument(parser)

@@ -2,10 +2,11 @@
 
 Every output header is built from scratch from the voxels and the affine: NIfTI ``descrip``,
 ``aux_file``, ``intent_name`` and ``db_name`` are empty and no extension is written; NRRD and
-MetaImage files carry only the geometry keys; a DICOM header is never copied wholesale (DICOM output is
-built by :mod:`~AnonMRILib.io.dicom_writer` under DICOM PS3.15's confidentiality profile). A file is first written under a temporary name in the destination folder,
-then renamed into place, so a failure never leaves a half-written output; an
-:class:`OutputTransaction` does the same for all the outputs of one command together.
+MetaImage files carry only the geometry keys; a DICOM header is never copied wholesale (DICOM output
+is built by :mod:`~AnonMRILib.io.dicom_writer` under DICOM PS3.15's confidentiality profile). A file
+is first written under a temporary name in the destination folder, then renamed into place, so a
+failure never leaves a half-written output; an :class:`OutputTransaction` does the same for all the
+outputs of one command together.
 """
 import os
 import shutil

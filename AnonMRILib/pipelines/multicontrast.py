@@ -5,11 +5,12 @@
 
 Steps (all on the other contrast's own grid; the T1 is never resampled back):
 
-1. **Rigid registration** of the T1 onto the other contrast with SimpleITK: Mattes mutual information
-   (the two contrasts differ), a centred Euler 3-D transform initialised from the image moments,
-   regular-step gradient descent on a 2-level pyramid (shrink 2, 1 of copies at ``registration_mm``
-   voxels), a quarter of the voxels sampled on a regular grid jittered from a fixed seed, one thread: the same inputs give the
-   same transform bit for bit, whichever machine or Dask worker runs it.
+1. **Rigid registration** of the T1 onto the other contrast with SimpleITK: Mattes mutual
+   information (the two contrasts differ), a centred Euler 3-D transform initialised from the image
+   moments, regular-step gradient descent on a 2-level pyramid (shrink 2, 1 of copies at
+   ``registration_mm`` voxels), a quarter of the voxels sampled on a regular grid jittered from a
+   fixed seed, one thread: the same inputs give the same transform bit for bit, whichever machine or
+   Dask worker runs it.
 2. **The T1's treated region** (voxels whose value the T1's de-identification changed), the T1 brain
    mask, the T1 input and the T1 output are resampled onto the other grid through that transform
    (nearest neighbour for masks, linear for intensities).

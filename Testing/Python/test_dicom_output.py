@@ -20,7 +20,8 @@ UID_KEYWORDS = ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "Fram
 
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
-    """A 35-slice MR series of the sample head (7.5 mm voxels), every 4th slice with the whole profile planted, and its brain mask as NIfTI."""
+    """A 35-slice MR series of the sample head (7.5 mm voxels), every 4th slice with the whole profile planted,
+    and its brain mask as NIfTI."""
     folder = tmp_path_factory.mktemp("dicom")
     head, mask = small_sample(step=5)
     tokens = write_planted_series(head, folder / "in", profile_every=4)
