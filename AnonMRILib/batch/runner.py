@@ -67,7 +67,10 @@ def run_scans(layout: BidsLayout, settings: ScanSettings, scheduler: Optional[st
     cluster = None
     try:
         if scheduler is None:
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+            import logging
+
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                                   silence_logs=logging.ERROR)
             client = Client(cluster)
         else:
             try:

@@ -117,6 +117,18 @@ def test_dask_cluster_matches_the_local_run_bit_for_bit(dataset, tmp_path):
     assert tree_digest(local) == tree_digest(remote) and len(tree_digest(local)) >= 4 * 3
 
 
+def test_local_process_pool_matches_too(dataset, tmp_path):
+    """``--workers 2``: a LocalCluster of worker processes (the default on machines with 4+ cores)."""
+    pytest.importorskip("dask.distributed")
+    bids, masks = dataset
+    local, pool = tmp_path / "local", tmp_path / "pool"
+    label = ["--participant-label", "02", "--no-figures"]
+    assert bids_app(bids, masks, local, *label) == 0
+    assert main(["bids", str(bids), str(pool), "participant", "--method", "black", "--brain-masks", str(masks),
+                 "--workers", "2", "--quiet", *label]) == 0
+    assert tree_digest(local) == tree_digest(pool) and len(tree_digest(local)) >= 2 * 3
+
+
 def test_bad_dataset_and_failed_scans(dataset, tmp_path, capsys):
     bids, masks = dataset
     assert main(["bids", str(tmp_path), str(tmp_path / "o"), "participant", "--quiet"]) == 2
