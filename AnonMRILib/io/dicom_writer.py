@@ -23,8 +23,10 @@ What each output file is (pydicom, no hand-written encoder):
   original Patient ID (same patient, same pseudonym), or random when there is no key.
 * New UIDs ``2.25.<128-bit integer>``: HMAC-SHA-256 of the old UID under the user's key file
   (:func:`read_uid_key`), so that the series of one study processed at different times keep one
-  Study UID and one Frame of Reference UID, and references between them stay consistent; without a
-  key, a random key per run (consistent within the run only).
+  Study UID and one Frame of Reference UID, and references between them stay consistent; the other
+  UIDs (series, SOP instances, references to them) also depend on the method, so that two different
+  de-identifications of one image never share a UID; without a key, a random key per run
+  (consistent within the run only).
 
 Geometry (position, orientation, spacing, slice order), the transfer syntax and the pixel
 representation (bits, sign, rescale) are the input's; each slice's stored values are the volume's
@@ -121,9 +123,9 @@ class UidMapper:
     def digest(self, text: str, purpose: str = "uid") -> bytes:
         return hmac.new(self._key, f"{purpose}:{text}".encode("utf-8"), hashlib.sha256).digest()
 
-    def __call__(self, uid: str) -> str:
+    def __call__(self, uid: str, salt: str = "") -> str:
         uid = str(uid).strip().rstrip("\x00")
-        return "2.25." + str(int.from_bytes(self.digest(uid)[:16], "big"))
+        return "2.25." + str(int.from_bytes(self.digest(f"{salt}|{uid}" if salt else uid)[:16], "big"))
 
     def pseudonym(self, patient_id: str) -> str:
         return "ANON-" + self.digest(str(patient_id), "patient").hex()[:12].upper()
@@ -173,12 +175,16 @@ def _dummy(vr: str, uid_map: UidMapper, old):
     return "ANONYMIZED"
 
 
-def _map_uids(value, uid_map: UidMapper):
+def _map_uids(value, uid_map: UidMapper, salt: str = ""):
     if value is None or value == "":
         return value
     if isinstance(value, (list, tuple)) or type(value).__name__ == "MultiValue":
-        return [uid_map(v) for v in value]
-    return uid_map(value)
+        return [uid_map(v, salt) for v in value]
+    return uid_map(value, salt)
+
+
+#: UIDs mapped from the old UID and the key only: one study, one frame of reference whatever the method
+KEY_ONLY_UIDS = ((0x0020, 0x000D), (0x0020, 0x0052))
 
 
 def _known_vr(tag) -> Optional[str]:
@@ -191,8 +197,12 @@ def _known_vr(tag) -> Optional[str]:
         return None
 
 
-def deidentify_dataset(dataset, uid_map: UidMapper, actions=None) -> None:
-    """Apply the Basic Profile's actions to ``dataset`` and every nested item, in place; remove private tags."""
+def deidentify_dataset(dataset, uid_map: UidMapper, actions=None, instance_salt: str = "") -> None:
+    """Apply the Basic Profile's actions to ``dataset`` and every nested item, in place; remove private tags.
+
+    New UIDs: Study Instance and Frame of Reference UIDs from the old UID and the key; every other UID
+    also from ``instance_salt`` (the method), so that two different de-identifications of one image
+    never share a SOP Instance or Series UID."""
     single, ranges = actions if actions is not None else profile_actions()
 
     def action_of(tag) -> Optional[str]:
@@ -229,12 +239,14 @@ def deidentify_dataset(dataset, uid_map: UidMapper, actions=None) -> None:
             if action == "Z":
                 element.value = [] if element.VR == "SQ" else None
             elif action == "D":
-                element.value = _dummy(element.VR, uid_map, element.value)
+                element.value = _dummy(element.VR, uid_map, element.value) if element.VR != "UI" else \
+                    _map_uids(element.value, uid_map, instance_salt)
             elif action == "U":
-                element.value = _map_uids(element.value, uid_map)
+                salt = "" if (tag.group, tag.element) in KEY_ONLY_UIDS else instance_salt
+                element.value = _map_uids(element.value, uid_map, salt)
             elif action == "ZU":  # X/Z/U*: keep the references, with new instance UIDs; empty anything else
                 if element.VR == "UI":
-                    element.value = _map_uids(element.value, uid_map)
+                    element.value = _map_uids(element.value, uid_map, instance_salt)
                 elif element.VR == "SQ":
                     for child in element.value:
                         visit(child)
@@ -367,7 +379,7 @@ def write_dicom_series(volume: Volume, source_folder: PathLike, out_folder: Path
         k = _slice_index(volume, dataset)
         pixels = stored_values(volume.array[:, :, k].T, dataset)  # [row, column] = [j, i]
         syntax = str(getattr(dataset.file_meta, "TransferSyntaxUID", "1.2.840.10008.1.2"))
-        deidentify_dataset(dataset, uid_map, actions)
+        deidentify_dataset(dataset, uid_map, actions, instance_salt=config.method)
         for keyword in ("SmallestImagePixelValue", "LargestImagePixelValue", "SmallestPixelValueInSeries",
                         "LargestPixelValueInSeries"):
             if keyword in dataset:

@@ -110,6 +110,14 @@ def test_keyed_uids_keep_a_study_together_across_runs(plain_series, tmp_path):
     assert second.FrameOfReferenceUID == first.FrameOfReferenceUID
     assert second.SeriesInstanceUID != first.SeriesInstanceUID
     assert deface_black(source, tmp_path / "e", mask_path, "--new-uid-key", str(key)) == 2  # never overwritten
+    # another method on the same series with the same key: same study, but its own series and instances
+    assert main(["deface", str(source), str(tmp_path / "f"), "--method", "skullstrip", "--brain-mask", str(mask_path),
+                 "--no-before-after", "--quiet", "--uid-key", str(key)]) == 0
+    other_method = read_all(tmp_path / "f")[0]
+    assert other_method.StudyInstanceUID == first.StudyInstanceUID
+    assert other_method.FrameOfReferenceUID == first.FrameOfReferenceUID
+    assert other_method.SeriesInstanceUID != first.SeriesInstanceUID
+    assert other_method.SOPInstanceUID != first.SOPInstanceUID
 
 
 def test_unsupported_series_are_refused_before_any_output(plain_series, tmp_path, capsys):
