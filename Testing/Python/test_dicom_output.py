@@ -34,8 +34,8 @@ def plain_series(tmp_path_factory, series):
     """The same head with only the patient, UID and private attributes planted (for the faster tests)."""
     folder = tmp_path_factory.mktemp("dicom_plain")
     head, _ = small_sample(step=5)
-    write_planted_series(head, folder / "in", plant_profile=False)
-    return folder / "in", series[1]
+    tokens = write_planted_series(head, folder / "in", plant_profile=False)
+    return folder / "in", series[1], tokens
 
 
 def deface_black(source, out, mask, *extra):
@@ -90,7 +90,7 @@ def test_dicom_out_leaks_no_planted_byte_and_says_how_it_was_deidentified(series
 
 
 def test_keyed_uids_keep_a_study_together_across_runs(plain_series, tmp_path):
-    source, mask_path = plain_series
+    source, mask_path, _ = plain_series
     key = tmp_path / "secret.key"
     assert deface_black(source, tmp_path / "a", mask_path, "--new-uid-key", str(key)) == 0
     assert key.stat().st_mode & 0o077 == 0
@@ -123,7 +123,7 @@ def test_keyed_uids_keep_a_study_together_across_runs(plain_series, tmp_path):
 def test_unsupported_series_are_refused_before_any_output(plain_series, tmp_path, capsys):
     from pydicom.uid import RLELossless
 
-    source, mask_path = plain_series
+    source, mask_path, _ = plain_series
     cases = {}
     for case in ("compressed", "multiframe", "mixed", "burned_in"):
         folder = tmp_path / case
@@ -177,7 +177,7 @@ def test_uid_mapper_is_keyed_and_valid():
 
 def test_remodel_dicom_dir_to_dicom_dir_with_the_shipped_weights(plain_series, tmp_path):
     """The issue's command: ``anonmri remodel DICOM_DIR OUT_DIR`` (shipped CP-GAN weights, the user's brain mask)."""
-    source, mask_path = plain_series
+    source, mask_path, tokens = plain_series
     out = tmp_path / "remodeled"
     assert main(["remodel", str(source), str(out), "--brain-mask", str(mask_path), "--device", "cpu", "--rotations", "2",
                  "--quiet"]) == 0
@@ -189,3 +189,4 @@ def test_remodel_dicom_dir_to_dicom_dir_with_the_shipped_weights(plain_series, t
     assert [item.CodeValue for item in dataset.DeidentificationMethodCodeSequence] == ["113100", "113102"]
     assert "remodel" in dataset.DeidentificationMethod[0] and dataset.RecognizableVisualFeatures == "NO"
     assert not str(dataset.StudyInstanceUID).startswith(PLANTED_UID_ROOT)
+    assert not {token for path in out.iterdir() for token in tokens if token.encode() in path.read_bytes()}
