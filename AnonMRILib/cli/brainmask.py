@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import (add_device_argument, add_input_argument, add_quiet_argument, add_series_uid_argument,
-                     load_input)
+from .common import (add_device_argument, add_input_argument, add_plausibility_argument, add_quiet_argument,
+                     add_series_uid_argument, load_input, plausibility_checks_on)
 
 
 def add_parser(subparsers) -> None:
@@ -25,6 +25,7 @@ def add_parser(subparsers) -> None:
                         help=f"brain-extraction method (default: auto = {DEFAULT_BACKEND})")
     add_device_argument(parser)
     add_series_uid_argument(parser)
+    add_plausibility_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
@@ -38,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
     volume = load_input(args)
     with TqdmProgress("brain mask", disable=args.quiet) as progress:
         mask = brain_mask(volume, backend=args.backend, progress=progress, device=args.device)
+    if plausibility_checks_on(args):
+        from AnonMRILib.transforms.plausibility import check_brain_mask
+
+        check_brain_mask(volume, mask)
     save_volume(mask, args.output, like=np.uint8, protect=[args.input])
     if not args.quiet:
         volume_ml = float(mask.array.sum()) * float(np.prod(volume.spacing)) / 1000.0

@@ -9,8 +9,10 @@ the brain voxels were verified unchanged.
 import argparse
 from pathlib import Path
 
-from .common import (add_brain_mask_argument, add_input_argument, add_quiet_argument, add_series_uid_argument,
-                     load_input, load_user_brain_mask)
+from .common import (add_apply_to_argument, add_bids_sidecar_argument, add_brain_mask_argument,
+                     add_dicom_output_arguments, add_input_argument, add_plausibility_argument, add_quiet_argument,
+                     add_series_uid_argument, check_image_output, checked_brain_mask, load_input,
+                     load_other_contrasts, stage_image_output, stage_other_contrasts)
 
 
 def add_parser(subparsers) -> None:
@@ -23,7 +25,8 @@ def add_parser(subparsers) -> None:
                     "from the brain mask and convex hull alone), keeping every brain voxel bit for bit; "
                     "writes a before/after PNG.")
     add_input_argument(parser)
-    parser.add_argument("output", type=Path, help="output image (NIfTI, NRRD, MHA, MGZ)")
+    parser.add_argument("output", type=Path,
+                        help="output image (NIfTI, NRRD, MHA, MGZ) or, for a DICOM input, a DICOM output folder")
     parser.add_argument("--method", choices=REMOVAL_METHODS, required=True, help="removal method, or reface")
     add_brain_mask_argument(parser)
     add_series_uid_argument(parser)
@@ -31,6 +34,10 @@ def add_parser(subparsers) -> None:
                         help="before/after rendering (default: <output stem>_before_after.png next to OUT)")
     parser.add_argument("--no-before-after", action="store_true", help="do not write the before/after PNG")
     parser.add_argument("--seed", type=int, default=0, help="random seed (DEFACE registration sampling, REFACE hull)")
+    add_plausibility_argument(parser)
+    add_bids_sidecar_argument(parser)
+    add_dicom_output_arguments(parser)
+    add_apply_to_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
@@ -44,28 +51,32 @@ def before_after_path(output: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.errors import InputError
-    from AnonMRILib.io import check_output_path, save_volume
+    from AnonMRILib.io.writers import OutputTransaction
     from AnonMRILib.pipelines.baselines import deface
-    from AnonMRILib.progress import TqdmProgress
+    from AnonMRILib.progress import TqdmProgress, sub_progress
     from AnonMRILib.rendering import check_png_path, render_face, save_png, side_by_side, skin_iso_level
 
     inputs = [args.input, args.brain_mask]
-    check_output_path(args.output, inputs)
+    check_image_output(args, inputs)
     figure_path = None
     if not args.no_before_after:
         figure_path = check_png_path(args.before_after or before_after_path(args.output), inputs)
         if figure_path.resolve() == Path(args.output).resolve():
             raise InputError(f"{figure_path}: the before/after PNG cannot be the output image")
     volume = load_input(args)
-    mask = load_user_brain_mask(args, volume)
+    others = load_other_contrasts(args, inputs)
     with TqdmProgress(f"deface ({args.method})", disable=args.quiet) as progress:
-        defaced = deface(volume, args.method, brain_mask=mask, progress=progress, seed=args.seed)
-    save_volume(defaced, args.output, like=volume, protect=inputs)
-    print(f"wrote {args.output}")
-    if figure_path is not None:
-        iso_level = skin_iso_level(volume)     # the original's skin level for both panels
-        figure = side_by_side([render_face(volume, iso_level=iso_level), render_face(defaced, iso_level=iso_level)],
-                              ["original", args.method])
-        save_png(figure, figure_path)
-        print(f"wrote {figure_path}")
+        mask = checked_brain_mask(args, volume, progress=sub_progress(progress, 0.0, 0.3))
+        defaced = deface(volume, args.method, brain_mask=mask, progress=sub_progress(progress, 0.3, 1.0),
+                         seed=args.seed)
+    with OutputTransaction() as outputs:  # all outputs or none: the figure is rendered before anything appears
+        stage_image_output(outputs, args, defaced, volume, args.method, inputs)
+        stage_other_contrasts(outputs, args, others, volume, defaced, mask, args.method, inputs)
+        if figure_path is not None:
+            iso_level = skin_iso_level(volume)     # the original's skin level for both panels
+            figure = side_by_side([render_face(volume, iso_level=iso_level),
+                                   render_face(defaced, iso_level=iso_level)], ["original", args.method])
+            outputs.add_file(figure_path, lambda path: save_png(figure, path), protect=inputs)
+    if not args.quiet:
+        print(f"wrote {args.output}" + (f" and {figure_path}" if figure_path is not None else ""))
     return 0

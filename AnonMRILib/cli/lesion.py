@@ -9,7 +9,9 @@ nonzero label is lesion. An empty mask is refused unless ``--allow-empty-lesion`
 import argparse
 from pathlib import Path
 
-from .common import add_device_argument, add_input_argument, add_quiet_argument, add_series_uid_argument, load_input
+from .common import (add_bids_sidecar_argument, add_device_argument, add_input_argument, add_plausibility_argument,
+                     add_quiet_argument, add_series_uid_argument, load_input, plausibility_checks_on,
+                     stage_bids_sidecar)
 
 
 def add_parser(subparsers) -> None:
@@ -44,13 +46,16 @@ def add_parser(subparsers) -> None:
                         help="CPU threads for torch (default: torch's choice; 1 is often fastest on a busy machine)")
     add_series_uid_argument(parser)
     add_device_argument(parser)
+    add_plausibility_argument(parser)
+    add_bids_sidecar_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.errors import InputError
-    from AnonMRILib.io import check_output_path, load_volume, save_volume
+    from AnonMRILib.io import check_output_path, load_volume
+    from AnonMRILib.io.writers import OutputTransaction
     from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, SourceRepulsionConfig, anonymize_lesions
     from AnonMRILib.progress import TqdmProgress
 
@@ -67,13 +72,19 @@ def run(args: argparse.Namespace) -> int:
     repulsion = SourceRepulsionConfig() if args.candidates is None else SourceRepulsionConfig(candidates=args.candidates)
     volume = load_input(args)
     lesion_mask = load_volume(args.lesion_mask)
+    if plausibility_checks_on(args):
+        from AnonMRILib.transforms.plausibility import check_lesion_mask
+
+        check_lesion_mask(volume, lesion_mask, allow_empty=args.allow_empty_lesion)
     config = LesionAnonymizationConfig(steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",
                                        repulsion=repulsion, exact_lesion=args.exact_lesion, grade=args.grade,
                                        allow_empty_lesion=args.allow_empty_lesion)
     with TqdmProgress("lesion", disable=args.quiet) as progress:
         output = anonymize_lesions(volume, lesion_mask, config, weights=args.weights, device=args.device,
                                    seed=args.seed, progress=progress)
-    save_volume(output, args.output, like=volume, protect=[p for p in inputs if p is not None])
+    with OutputTransaction() as outputs:
+        outputs.add_volume(output, args.output, like=volume, protect=inputs)
+        stage_bids_sidecar(outputs, args, args.output, "lesion")
     if not args.quiet:
         kept = "lesion voxels verified identical to the input" if args.exact_lesion else "lesion latent verified unchanged"
         print(f"wrote {args.output} ({kept})")

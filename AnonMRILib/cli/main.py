@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "score",
     "brainmask",
     "demo",
+    "bids",
 )
 
 
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="anonmri",
         description="De-identify MRI by remodeling the face while keeping the brain exactly.")
     parser.add_argument("--version", action="version", version=f"anonmri {__version__}")
+    parser.add_argument("--quiet", dest="quiet_before_command", action="store_true",
+                        help="no progress bar or messages (also accepted after the command)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
@@ -44,13 +47,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.quiet = bool(getattr(args, "quiet", False) or args.quiet_before_command)
     try:
         return int(args.func(args) or 0)
     except AnonMRIError as error:
         print(f"anonmri {args.command}: error: {error}", file=sys.stderr)
         return 2
     except (Cancelled, KeyboardInterrupt):
-        print(f"anonmri {args.command}: cancelled; nothing was written", file=sys.stderr)
+        print(f"anonmri {args.command}: cancelled; no partial output was written", file=sys.stderr)
         return 130
     except MemoryError:
         print(f"anonmri {args.command}: error: out of memory; try --device cpu or a smaller model size",

@@ -1,6 +1,6 @@
 """``anonmri privacy-transform IN OUTDIR``: write CP-GAN's gamma(x) on the input's grid for inspection.
 
-Writes into OUTDIR (which must exist): ``convex_hull.nii.gz`` (c(x), uint8), ``brain_mask.nii.gz``
+Writes into OUTDIR (created when missing): ``convex_hull.nii.gz`` (c(x), uint8), ``brain_mask.nii.gz``
 (b(x), uint8), ``brain.nii.gz`` (b(x) * x in the input's voxel type) and
 ``privacy_transform.png`` (mid-slices of input, hull, mask and brain). Existing files of these
 names are replaced; the input is never overwritten.
@@ -12,8 +12,8 @@ from typing import Dict
 
 import numpy as np
 
-from .common import (add_brain_mask_argument, add_device_argument, add_input_argument, add_quiet_argument,
-                     add_series_uid_argument, load_input, load_user_brain_mask)
+from .common import (add_brain_mask_argument, add_device_argument, add_input_argument, add_plausibility_argument,
+                     add_quiet_argument, add_series_uid_argument, checked_brain_mask, load_input)
 
 OUTPUT_FILES = {
     "convex_hull": "convex_hull.nii.gz",
@@ -30,7 +30,7 @@ def add_parser(subparsers) -> None:
         description="Compute gamma(x) = [convex hull, brain mask, brain] and write it on the input's grid "
                     "(NIfTI) with a PNG montage of mid-slices.")
     add_input_argument(parser)
-    parser.add_argument("outdir", type=Path, help="existing output folder")
+    parser.add_argument("outdir", type=Path, help="output folder (created when missing)")
     add_brain_mask_argument(parser)
     add_series_uid_argument(parser)
     parser.add_argument("--size", type=int, choices=(32, 64, 128), default=128,
@@ -41,6 +41,7 @@ def add_parser(subparsers) -> None:
                         help="hull triangles carving the convex hull; 0 = all (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     add_device_argument(parser)
+    add_plausibility_argument(parser)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
@@ -50,9 +51,9 @@ def output_paths(outdir: Path, inputs) -> Dict[str, Path]:
     from AnonMRILib.errors import InputError
     from AnonMRILib.io import check_output_path
 
-    if not outdir.is_dir():
-        raise InputError(f"{outdir}: output folder does not exist")
-    if not os.access(str(outdir), os.W_OK | os.X_OK):
+    if outdir.exists() and not outdir.is_dir():
+        raise InputError(f"{outdir}: is a file, expected an output folder")
+    if outdir.is_dir() and not os.access(str(outdir), os.W_OK | os.X_OK):
         raise InputError(f"{outdir}: output folder is not writable")
     paths = {name: outdir / filename for name, filename in OUTPUT_FILES.items()}
     for name, path in paths.items():
@@ -66,7 +67,7 @@ def output_paths(outdir: Path, inputs) -> Dict[str, Path]:
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.device import resolve_device
     from AnonMRILib.errors import InputError
-    from AnonMRILib.io import save_volume
+    from AnonMRILib.io.writers import OutputTransaction
     from AnonMRILib.progress import TqdmProgress, sub_progress
     from AnonMRILib.transforms.brain_mask import resolve_brain_mask
     from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
@@ -82,14 +83,16 @@ def run(args: argparse.Namespace) -> int:
     config = PrivacyTransformConfig(size=args.size, rotations=args.rotations,
                                     facets=None if args.facets == 0 else args.facets)
     with TqdmProgress("privacy-transform", disable=args.quiet) as progress:
-        mask = resolve_brain_mask(image, load_user_brain_mask(args, image), progress=sub_progress(progress, 0, 0.3))
+        mask = resolve_brain_mask(image, checked_brain_mask(args, image, progress=sub_progress(progress, 0, 0.3),
+                                                            device=args.device))
         transform = privacy_transform(image, mask, config, seed=args.seed, device=device,
                                       progress=sub_progress(progress, 0.3, 1.0))
     brain = image.with_array(np.where(transform.brain_mask.array != 0, image.array, 0).astype(image.dtype))
-    save_volume(transform.convex_hull, paths["convex_hull"], like=np.uint8, protect=inputs)
-    save_volume(transform.brain_mask, paths["brain_mask"], like=np.uint8, protect=inputs)
-    save_volume(brain, paths["brain"], like=image, protect=inputs)
-    save_montage(paths["montage"], image, transform)
+    with OutputTransaction() as outputs:  # all four outputs or none
+        outputs.add_volume(transform.convex_hull, paths["convex_hull"], like=np.uint8, protect=inputs)
+        outputs.add_volume(transform.brain_mask, paths["brain_mask"], like=np.uint8, protect=inputs)
+        outputs.add_volume(brain, paths["brain"], like=image, protect=inputs)
+        outputs.add_file(paths["montage"], lambda path: save_montage(path, image, transform), protect=inputs)
     if not args.quiet:
         for name in ("convex_hull", "brain_mask", "brain", "montage"):
             print(paths[name])

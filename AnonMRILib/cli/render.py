@@ -46,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     images = [renderer.render(make_camera(view, args.azimuth, args.elevation), size=args.size).image
               for view in views]
     figure = side_by_side(images, list(views)) if len(images) > 1 else images[0]
-    save_png(figure, args.output)
-    print(f"wrote {args.output}")
+    from AnonMRILib.io.writers import OutputTransaction
+
+    with OutputTransaction() as outputs:  # creates the output folder when missing
+        outputs.add_file(args.output, lambda path: save_png(figure, path), protect=[args.input])
+    if not getattr(args, "quiet", False):
+        print(f"wrote {args.output}")
     return 0

@@ -28,7 +28,7 @@ class Volume:
         if affine.shape != (4, 4) or not np.all(np.isfinite(affine)):
             raise InputError("a Volume's affine must be a finite 4x4 matrix")
         if abs(np.linalg.det(affine[:3, :3])) < 1e-12:
-            raise InputError("a Volume's affine is singular (zero spacing or degenerate direction)")
+            raise InputError("the voxel size is (nearly) zero or the axes are degenerate (singular affine); a wrong header?")
         object.__setattr__(self, "array", array)
         object.__setattr__(self, "affine", affine)
 

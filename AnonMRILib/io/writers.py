@@ -2,14 +2,17 @@
 
 Every output header is built from scratch from the voxels and the affine: NIfTI ``descrip``,
 ``aux_file``, ``intent_name`` and ``db_name`` are empty and no extension is written; NRRD and
-MetaImage files carry only the geometry keys; nothing of a DICOM header is ever copied (AnonMRI
-does not write DICOM). A file is first written under a temporary name in the destination folder,
-then renamed into place, so a failure never leaves a half-written output.
+MetaImage files carry only the geometry keys; a DICOM header is never copied wholesale (DICOM output
+is built by :mod:`~AnonMRILib.io.dicom_writer` under DICOM PS3.15's confidentiality profile). A file
+is first written under a temporary name in the destination folder, then renamed into place, so a
+failure never leaves a half-written output; an :class:`OutputTransaction` does the same for all the
+outputs of one command together.
 """
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Callable, Iterable, Union
 
 import numpy as np
 
@@ -28,13 +31,19 @@ def check_output_path(path: PathLike, inputs: Iterable[PathLike] = ()) -> Path:
 
 
 def check_destination(path: PathLike, inputs: Iterable[PathLike] = ()) -> Path:
-    """Validate any output file path: not a folder, in an existing folder, not one of ``inputs``."""
+    """Validate any output file path: not a folder, in a folder that exists or can be created, not one of
+    ``inputs``."""
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a folder, expected an output file name")
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{parent}: output folder does not exist")
+    ancestor = parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent  # missing folders are created when the output is written
+    if not ancestor.is_dir():
+        raise InputError(f"{ancestor}: is not a folder, cannot hold the output {path.name}")
+    if not os.access(str(ancestor), os.W_OK | os.X_OK):
+        raise InputError(f"{ancestor}: output folder is not writable")
     for source in inputs:
         if source is not None and _same_file(path, Path(source)):
             raise InputError(f"{path}: refusing to overwrite the input; choose another output path")
@@ -61,14 +70,8 @@ def cast_to_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return array.astype(dtype)
 
 
-def save_volume(volume: Volume, path: PathLike, like: Union[Volume, np.dtype, None] = None,
-                protect: Iterable[PathLike] = ()) -> Path:
-    """Write ``volume`` to ``path`` atomically, in ``like``'s voxel type (default: its own).
-
-    ``like`` is the input Volume (its dtype is used; its grid must match) or a dtype. ``protect``
-    lists input paths that must never be overwritten. Returns the written path.
-    """
-    path = check_output_path(path, protect)
+def volume_array_for_output(volume: Volume, like: Union[Volume, np.dtype, None] = None) -> np.ndarray:
+    """The voxel array as it will be stored: ``like``'s voxel type (default: the volume's own)."""
     dtype = volume.dtype
     if isinstance(like, Volume):
         if not like.same_grid(volume):
@@ -81,16 +84,147 @@ def save_volume(volume: Volume, path: PathLike, like: Union[Volume, np.dtype, No
         array = array.astype(np.uint8)
     if array.dtype == np.float64:
         array = array.astype(np.float32) if np.all(np.abs(array) < 3e38) else array
-    suffix = image_suffix(path)
-    with tempfile.TemporaryDirectory(prefix=".anonmri-", dir=str(path.parent)) as scratch:
-        temporary = Path(scratch) / path.name
-        if suffix in NIBABEL_SUFFIXES:
-            _write_nibabel(array, volume.affine, temporary, suffix)
+    return array
+
+
+def write_volume_file(volume: Volume, path: PathLike, like: Union[Volume, np.dtype, None] = None) -> None:
+    """Write ``volume`` to ``path`` directly (not atomic; used inside an :class:`OutputTransaction`)."""
+    path = Path(path)
+    array = volume_array_for_output(volume, like)
+    if image_suffix(path) in NIBABEL_SUFFIXES:
+        _write_nibabel(array, volume.affine, path, image_suffix(path))
+    else:
+        _write_simpleitk(array, volume.affine, path)
+
+
+class OutputTransaction:
+    """Several outputs written all together or not at all.
+
+    Each output is first written into a hidden scratch folder inside its destination folder (same
+    file system), by :meth:`add_volume`, :meth:`add_file` or :meth:`add_folder`; leaving the
+    ``with`` block without an exception moves every one into place (renames only), an exception
+    deletes the scratch folders and nothing appears. A file of the same name is replaced; if a
+    rename fails midway the outputs already moved are removed again.
+
+        with OutputTransaction() as outputs:
+            outputs.add_volume(defaced, out, like=volume, protect=[source])
+            outputs.add_file(png, lambda path: save_png(figure, path))
+    """
+
+    def __init__(self) -> None:
+        self._staged = []  # (scratch folder, [(staged path, final path)])
+        self._scratch = {}
+        self._created = []  # folders made for the outputs, innermost first
+
+    def __enter__(self) -> "OutputTransaction":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is None:
+            self.commit()
         else:
-            _write_simpleitk(array, volume.affine, temporary)
-        written = sorted(Path(scratch).iterdir(), key=lambda p: p.name == path.name)
-        for part in written:  # data file(s) first, the named header last
-            os.replace(part, path.parent / part.name)
+            self.discard()
+        return False
+
+    def _scratch_for(self, folder: Path) -> Path:
+        key = str(folder.resolve())
+        if key not in self._scratch:
+            missing = []
+            ancestor = folder
+            while not ancestor.exists():
+                missing.append(ancestor)
+                ancestor = ancestor.parent
+            folder.mkdir(parents=True, exist_ok=True)
+            self._created.extend(missing)  # innermost first: removed again if nothing is committed
+            self._scratch[key] = Path(tempfile.mkdtemp(prefix=".anonmri-", dir=str(folder)))
+        return self._scratch[key]
+
+    def _stage(self, path: Path) -> Path:
+        parent = path.parent if str(path.parent) else Path(".")
+        scratch = self._scratch_for(parent)
+        staged = scratch / path.name
+        if staged.exists():
+            raise InputError(f"{path}: named twice among the outputs of one command")
+        self._staged.append((staged, path))
+        return staged
+
+    def add_volume(self, volume: Volume, path: PathLike, like: Union[Volume, np.dtype, None] = None,
+                   protect: Iterable[PathLike] = ()) -> Path:
+        """Stage ``volume`` for ``path`` (checked like :func:`save_volume`)."""
+        path = check_output_path(path, [p for p in protect if p is not None])
+        staged = self._stage(path)
+        write_volume_file(volume, staged, like)
+        if image_suffix(path) in DETACHED_HEADER_SUFFIXES:  # its data file (.raw/.zraw) lands beside it
+            known = {staged_path for staged_path, _ in self._staged}
+            for part in sorted(staged.parent.iterdir()):
+                if part not in known and part.name.startswith(stem_of(path.name)):
+                    self._staged.insert(len(self._staged) - 1, (part, path.parent / part.name))
+        return path
+
+    def add_file(self, path: PathLike, write: Callable[[Path], object], protect: Iterable[PathLike] = ()) -> Path:
+        """Stage a file written by ``write(staged_path)`` for ``path``."""
+        path = check_destination(path, [p for p in protect if p is not None])
+        write(self._stage(path))
+        return path
+
+    def add_folder(self, path: PathLike, write: Callable[[Path], object]) -> Path:
+        """Stage a folder filled by ``write(staged_folder)`` for ``path`` (which must not exist or be empty)."""
+        path = Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise InputError(f"{path}: output folder exists and is not empty")
+        staged = self._stage(path)
+        staged.mkdir()
+        write(staged)
+        return path
+
+    def commit(self) -> None:
+        """Move every staged output into place (renames only); on failure remove those already moved."""
+        moved = []
+        try:
+            for staged, final in self._staged:
+                if staged.is_dir() and final.is_dir():
+                    final.rmdir()  # empty (checked when staged)
+                os.replace(staged, final)
+                moved.append(final)
+        except BaseException:
+            for final in moved:
+                if final.is_dir():
+                    shutil.rmtree(final, ignore_errors=True)
+                elif final.exists():
+                    final.unlink()
+            self.discard()
+            raise
+        self._created = []  # the folders now hold outputs
+        self.discard()
+
+    def discard(self) -> None:
+        """Delete every staged output (and the folders made for them); nothing appears."""
+        for scratch in self._scratch.values():
+            shutil.rmtree(scratch, ignore_errors=True)
+        self._scratch.clear()
+        self._staged = []
+        for folder in self._created:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self._created = []
+
+
+def stem_of(name: str) -> str:
+    suffix = image_suffix(name)
+    return name[: len(name) - len(suffix)] if suffix else name
+
+
+def save_volume(volume: Volume, path: PathLike, like: Union[Volume, np.dtype, None] = None,
+                protect: Iterable[PathLike] = ()) -> Path:
+    """Write ``volume`` to ``path`` atomically, in ``like``'s voxel type (default: its own).
+
+    ``like`` is the input Volume (its dtype is used; its grid must match) or a dtype. ``protect``
+    lists input paths that must never be overwritten. Returns the written path.
+    """
+    with OutputTransaction() as outputs:
+        path = outputs.add_volume(volume, path, like=like, protect=protect)
     return path
 
 

@@ -220,10 +220,10 @@ def check_lesion_mask(volume: Volume, lesion_mask: Volume, brain_mask: Optional[
         coarse_index = np.argwhere(lesion) // np.asarray(strides)
         inside = float(head[tuple(coarse_index.T)].mean())
         fraction = volume_ml / max(float(head.sum()) * _voxel_ml(volume, strides), 1e-12)
-    if inside < config.lesion_inside:
-        raise _refuse(f"only {inside:.0%} of the lesion mask lies inside the {what} (a mask of another image?)")
     if fraction > largest:
         raise _refuse(f"the lesion mask covers {fraction:.0%} of the {what} (at most {largest:.0%} is plausible "
                       "for a lesion)")
+    if inside < config.lesion_inside:
+        raise _refuse(f"only {inside:.0%} of the lesion mask lies inside the {what} (a mask of another image?)")
     return MaskSummary(volume_ml, extent, fraction, inside)
 

@@ -86,9 +86,9 @@ def test_output_equal_to_input_is_refused_and_input_untouched(tmp_path, capsys, 
 
 @pytest.mark.parametrize("command", sorted(MASK_COMMANDS))
 def test_mask_on_another_grid_is_refused(tmp_path, capsys, command):
-    head = synthetic_head()
+    head = synthetic_head(spacing=(3.0, 2.4, 2.8))  # a head of plausible size (545 mL) for the plausibility checks
     source = save_volume(head, tmp_path / "head.nii.gz")
-    other = synthetic_head(shape=(30, 30, 30))
+    other = synthetic_head(shape=(30, 30, 30), spacing=(3.0, 2.4, 2.8))
     mask = save_volume(other.with_array((other.array > 450).astype(np.uint8)), tmp_path / "mask.nii.gz")
     argv, out = command_line(MASK_COMMANDS, command, source, tmp_path)
     assert main(argv + ["--brain-mask", str(mask)]) == 2
@@ -106,11 +106,11 @@ def test_real_entry_point_prints_no_traceback(tmp_path):
 
 
 def test_lesion_command_refuses_bad_image_and_mask_on_another_grid(tmp_path, capsys):
-    head = synthetic_head()
+    head = synthetic_head(spacing=(3.0, 2.4, 2.8))  # a head of plausible size (545 mL) for the plausibility checks
     source = save_volume(head, tmp_path / "head.nii.gz")
     lesion = head.with_array((head.array > 800).astype(np.uint8))
     lesion_path = save_volume(lesion, tmp_path / "lesion.nii.gz")
-    other = synthetic_head(shape=(30, 30, 30))
+    other = synthetic_head(shape=(30, 30, 30), spacing=(3.0, 2.4, 2.8))
     wrong = save_volume(other.with_array((other.array > 450).astype(np.uint8)), tmp_path / "wrong.nii.gz")
     out = tmp_path / "out.nii.gz"
     for label, (bad_source, message) in bad_inputs(tmp_path).items():

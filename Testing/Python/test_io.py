@@ -66,11 +66,37 @@ def test_save_refuses_to_overwrite_the_input_and_leaves_it_untouched(tmp_path, h
     assert source.read_bytes() == before
 
 
-def test_save_refuses_unknown_format_and_missing_folder(tmp_path, head):
+def test_save_refuses_unknown_format_and_creates_missing_folders(tmp_path, head):
     with pytest.raises(InputError, match="unknown output format"):
         save_volume(head, tmp_path / "out.png")
-    with pytest.raises(InputError, match="does not exist"):
-        save_volume(head, tmp_path / "missing" / "out.nii.gz")
+    written = save_volume(head, tmp_path / "missing" / "deeper" / "out.nii.gz")
+    assert np.array_equal(load_volume(written).array, head.array)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="is not a folder"):
+        save_volume(head, tmp_path / "file" / "out.nii.gz")
+
+
+def test_output_transaction_writes_all_or_nothing(tmp_path, head):
+    from AnonMRILib.io.writers import OutputTransaction
+
+    target = tmp_path / "new" / "folder"
+    with pytest.raises(RuntimeError):
+        with OutputTransaction() as outputs:
+            outputs.add_volume(head, target / "a.nii.gz")
+            outputs.add_volume(head, target / "b.nhdr")
+            outputs.add_file(target / "c.txt", lambda path: path.write_text("c"))
+            raise RuntimeError("the figure failed after the volumes were written")
+    assert not (tmp_path / "new").exists()  # nothing, not even the folders made for the outputs
+    with OutputTransaction() as outputs:
+        outputs.add_volume(head, target / "a.nii.gz")
+        outputs.add_volume(head, target / "b.nhdr")
+        outputs.add_folder(target / "series", lambda folder: (folder / "1.dcm").write_bytes(b"x"))
+        outputs.add_file(target / "c.txt", lambda path: path.write_text("c"))
+    assert sorted(p.name for p in target.iterdir()) == ["a.nii.gz", "b.nhdr", "b.raw", "c.txt", "series"]
+    assert np.array_equal(load_volume(target / "b.nhdr").array, head.array)
+    assert (target / "series" / "1.dcm").read_bytes() == b"x"
+    with pytest.raises(InputError, match="not empty"):
+        OutputTransaction().add_folder(target / "series", lambda folder: None)
 
 
 def test_save_is_atomic_no_partial_file_on_failure(tmp_path, head, monkeypatch):

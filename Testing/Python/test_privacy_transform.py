@@ -437,6 +437,6 @@ def test_privacy_transform_command(tmp_path, capsys):
     assert hull.array[brain.array > 0].all()
     png = (tmp_path / "privacy_transform.png").read_bytes()
     assert png.startswith(b"\x89PNG")
-    missing = tmp_path / "missing"
-    assert main(["privacy-transform", str(sample_head_path()), str(missing), "--quiet"]) == 2
-    assert "does not exist" in capsys.readouterr().err and not missing.exists()
+    not_a_folder = tmp_path / "privacy_transform.png"  # an existing file where the folder should be
+    assert main(["privacy-transform", str(sample_head_path()), str(not_a_folder), "--quiet"]) == 2
+    assert "expected an output folder" in capsys.readouterr().err and not_a_folder.read_bytes() == png

@@ -173,8 +173,9 @@ def test_cli_render_writes_png_and_refuses_bad_input(tmp_path, capsys):
         assert image.size[0] > 6 * 32
     assert main(["render", str(sample_head_path()), str(tmp_path / "face.jpg")]) == 2
     assert main(["render", str(tmp_path / "missing.nii.gz"), str(tmp_path / "x.png")]) == 2
-    assert main(["render", str(sample_head_path()), str(tmp_path / "no" / "x.png")]) == 2
     assert "error" in capsys.readouterr().err
+    assert main(["--quiet", "render", str(sample_head_path()), str(tmp_path / "new" / "x.png"), "--size", "32"]) == 0
+    assert (tmp_path / "new" / "x.png").is_file() and capsys.readouterr().out == ""  # folder made, nothing printed
     with pytest.raises(SystemExit) as exit_info:
         main(["render", str(sample_head_path()), str(out), "--view", "frontal"])
     assert exit_info.value.code == 2
