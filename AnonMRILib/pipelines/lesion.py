@@ -85,12 +85,21 @@ class SourceRepulsionConfig:
     26 % of the kept slices had lost over 40 % of the brain's area -- a shrunken, darkened image
     is far from everyone and passes the criterion without anonymizing anything; hence the filter
     and the brightness-blind correlation distance.
+
+    Sharpness constraint (``min_sharpness_ratio``, realism guard of
+    :mod:`AnonMRILib.evaluation.realism`): among the typical draws only those at least this sharp
+    relative to the input (mean in-plane gradient magnitude inside the brain interior, generated /
+    input) are eligible, where any exists; where none is, the rule above applies unchanged (so the
+    choice never gets *less* anonymous; the evaluation then reports the slice as not realistic).
+    0 disables it. A blurrier draw is farther from the input by 1 - correlation too, so without
+    the constraint repulsion prefers blur.
     """
 
     candidates: int = 32
     area_tolerance: float = 0.20
     brightness_tolerance: float = 0.12
     foreground: float = 0.05
+    min_sharpness_ratio: float = 0.8
 
     def __post_init__(self) -> None:
         if int(self.candidates) < 1:
@@ -191,15 +200,36 @@ def typical_draws(draws: "torch.Tensor", config: SourceRepulsionConfig) -> "torc
     return typical
 
 
+def sharp_draws(draws: "torch.Tensor", source: "torch.Tensor", config: SourceRepulsionConfig) -> "torch.Tensor":
+    """(K, B) bool: sharpness ratio (:func:`AnonMRILib.evaluation.realism.sharpness_ratio`) of each
+    draw to ``source`` at least ``config.min_sharpness_ratio``. ``draws`` (K, B, 1, S, S)."""
+    import torch
+
+    from ..evaluation.realism import sharpness_ratio
+
+    count, batch = draws.shape[:2]
+    if config.min_sharpness_ratio <= 0:
+        return torch.ones((count, batch), dtype=torch.bool, device=draws.device)
+    sources = source[:, 0].detach().cpu().numpy()
+    ratios = sharpness_ratio(draws[:, :, 0].detach().cpu().numpy().reshape((count * batch,) + sources.shape[1:]),
+                             sources[None].repeat(count, axis=0).reshape((count * batch,) + sources.shape[1:]),
+                             foreground=config.foreground).reshape(count, batch)
+    return torch.from_numpy(np.nan_to_num(ratios, nan=1.0) >= config.min_sharpness_ratio).to(draws.device)
+
+
 def repelled_choice(draws: "torch.Tensor", source: "torch.Tensor", lesion_mask: "torch.Tensor",
                     config: SourceRepulsionConfig) -> "torch.Tensor":
     """Index (B,) of the kept draw: the typical draw (:func:`typical_draws`) farthest from ``source``
-    outside the lesion (:func:`background_dissimilarity`); the first draw where none is typical.
+    outside the lesion (:func:`background_dissimilarity`), among the typical draws that are sharp
+    enough (:func:`sharp_draws`) where any is; the first draw where none is typical.
     ``draws`` (K, B, 1, S, S); ``source``, ``lesion_mask`` (B, 1, S, S)."""
     import torch
 
     distances = torch.stack([background_dissimilarity(draw, source, lesion_mask) for draw in draws])
     typical = typical_draws(draws, config)
+    if len(draws) > 1:
+        sharp_and_typical = typical & sharp_draws(draws, source, config)
+        typical = torch.where(sharp_and_typical.any(dim=0, keepdim=True), sharp_and_typical, typical)
     choice = torch.where(typical, distances, torch.full_like(distances, -1.0)).argmax(dim=0)
     return torch.where(typical.any(dim=0), choice, torch.zeros_like(choice))
 

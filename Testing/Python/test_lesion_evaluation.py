@@ -34,6 +34,11 @@ def test_evaluate_lesion_tiny_end_to_end(tmp_path):
     for row in rows.values():
         assert row["median_area_ratio"] >= 0.0 and 0.0 <= row["fraction_area_below_60"] <= 1.0
     assert rows["horizontal_flip"]["median_area_ratio"] == 1.0 and rows["horizontal_flip"]["median_brightness_ratio"] == 1.0
+    for row in rows.values():  # realism guard next to every anonymity rate
+        assert 0.0 <= row["rate_anonymized_and_realistic"] <= min(row["rate_random"], row["fraction_realistic"])
+        assert "median_volume_sharpness_ratio" in row and "fraction_sharpness_ok" in row
+    assert rows["horizontal_flip"]["median_sharpness_ratio"] == 1.0 and rows["gaussian_blur"]["median_sharpness_ratio"] < 0.8
+    assert rows["gaussian_blur"]["rate_anonymized_and_realistic"] == 0.0
     heads = results["anonymity"]["head_analysis"]
     assert set(heads) == set(rows) - {"latent diffusion + exact lesion", "gaussian_blur", "horizontal_flip",
                                       "crop_resize", "noise_0.1", "noise_0.5"}
@@ -51,6 +56,7 @@ def test_evaluate_lesion_tiny_end_to_end(tmp_path):
     report = (out / "README.md").read_text()
     assert "Table 7 analogue" in report and "Tables 4 and 5 analogues" in report and "Adam lr 0.003" in report
     assert "of 3 background draws, the typical one least like x_i" in report and "Failure analysis by base head" in report
+    assert "anonymized and realistic" in report
     assert (out / "anonymity_rates.png").is_file() and (out / "examples.png").is_file()
 
 
