@@ -74,10 +74,20 @@ def gradient_magnitude(images: np.ndarray) -> np.ndarray:
     return np.sqrt(rows ** 2 + cols ** 2)
 
 
-def _sharpness_parts(images: np.ndarray, foreground: float, erosion_px: int):
-    """Per-slice (sum of gradient magnitude over the interior, interior pixel count)."""
+def _sharpness_parts(images: np.ndarray, foreground: float, erosion_px: int, region: Optional[np.ndarray] = None):
+    """Per-slice (sum of gradient magnitude over the interior, interior pixel count). ``region``:
+    a given (N, H, W) mask eroded instead of the image's own foreground."""
+    from scipy import ndimage
+
     magnitude = gradient_magnitude(images)
-    interior = interior_mask(images, foreground, erosion_px)
+    if region is None:
+        interior = interior_mask(images, foreground, erosion_px)
+    else:
+        interior = np.asarray(region, dtype=bool).reshape(magnitude.shape)
+        if erosion_px > 0:
+            structure = np.zeros((3, 3, 3), dtype=bool)
+            structure[1] = True
+            interior = ndimage.binary_erosion(interior, structure=structure, iterations=int(erosion_px))
     return (magnitude * interior).sum(axis=(1, 2)).astype(np.float64), interior.sum(axis=(1, 2)).astype(np.float64)
 
 
@@ -107,13 +117,15 @@ def area_ratio(generated: np.ndarray, real: np.ndarray, foreground: float = 0.05
     return np.where(theirs > 0, ours / np.maximum(theirs, 1.0), np.nan)
 
 
-def volume_ratios(generated: np.ndarray, real: np.ndarray, criterion: RealismCriterion = RealismCriterion()
-                  ) -> Dict[str, float]:
+def volume_ratios(generated: np.ndarray, real: np.ndarray, criterion: RealismCriterion = RealismCriterion(),
+                  region: Optional[np.ndarray] = None) -> Dict[str, float]:
     """Per-volume sharpness and area ratios: slices (N, H, W) of one volume pooled (gradient sums
-    and pixel counts added over slices before dividing)."""
+    and pixel counts added over slices before dividing). ``region`` (N, H, W): measure the
+    sharpness of both inside this mask (e.g. the brain mask of a whole-head scan, whose intensities
+    are not above a fixed foreground threshold) instead of each image's own foreground."""
     _check_pair(generated, real)
-    g_total, g_count = _sharpness_parts(generated, criterion.foreground, criterion.erosion_px)
-    r_total, r_count = _sharpness_parts(real, criterion.foreground, criterion.erosion_px)
+    g_total, g_count = _sharpness_parts(generated, criterion.foreground, criterion.erosion_px, region)
+    r_total, r_count = _sharpness_parts(real, criterion.foreground, criterion.erosion_px, region)
     g_sharp = g_total.sum() / max(g_count.sum(), 1.0)
     r_sharp = r_total.sum() / max(r_count.sum(), 1.0)
     g_area = foreground_mask(generated, criterion.foreground).sum()

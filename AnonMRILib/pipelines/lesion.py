@@ -114,6 +114,13 @@ class LesionAnonymizationConfig:
     chain, slow); ``repulsion``: :class:`SourceRepulsionConfig` (``candidates=1`` = plain sampling);
     ``grade``: ``"LGG"``, ``"HGG"`` or None (unknown); ``feather_px``: width in input voxels of
     the blend band outside the lesion with ``exact_lesion``; ``batch_size``: slices per network call.
+
+    Whole-head inputs (:mod:`.lesion_head`): ``input_kind`` ``"auto"`` (detected), ``"head"`` or
+    ``"brain"`` (skull-stripped); ``face_method``: what happens outside the brain of a head
+    (:data:`~AnonMRILib.pipelines.lesion_head.FACE_METHODS`; ``"none"`` keeps the face, warns);
+    ``brain_backend``: brain-mask backend when no mask is given. ``match_appearance``: give the
+    generated voxels the input's intensity distribution and sharpness
+    (:mod:`AnonMRILib.transforms.appearance`; ``sharpness_target`` = wanted sharpness ratio).
     """
 
     steps: int = 10
@@ -124,6 +131,11 @@ class LesionAnonymizationConfig:
     feather_px: int = 2
     batch_size: int = 64
     allow_empty_lesion: bool = False
+    input_kind: str = "auto"
+    face_method: str = "remodel"
+    brain_backend: str = "auto"
+    match_appearance: bool = True
+    sharpness_target: float = 1.0
 
 
 @dataclass
@@ -384,14 +396,31 @@ def lesion_voxels(lesion_mask: Volume, allow_empty: bool = False) -> np.ndarray:
 
 def anonymize_lesions(volume: Volume, lesion_mask: Volume, config: Optional[LesionAnonymizationConfig] = None,
                       weights=None, device: str = "auto", seed: int = 0,
-                      progress: Optional[ProgressCallback] = None) -> Volume:
+                      progress: Optional[ProgressCallback] = None, brain_mask: Optional[Volume] = None) -> Volume:
     """Remodel the non-lesion anatomy of ``volume`` slice by slice, keeping the lesion's latent
     (and, with ``config.exact_lesion``, its voxels). ``lesion_mask``: any nonzero voxel is lesion,
     on ``volume``'s grid. ``weights``: a folder of weights, a :class:`LesionModels`, or None (the
-    package's). Returns a Volume on the input's grid with the input's dtype."""
+    package's). ``brain_mask``: the user's brain mask for a whole-head input (else computed).
+    Returns a Volume on the input's grid with the input's dtype: brain-only for a skull-stripped
+    input, a complete head (``config.face_method`` outside the brain) for a whole-head one."""
+    output, _ = anonymize_lesions_with_details(volume, lesion_mask, config, weights, device, seed, progress,
+                                               brain_mask)
+    return output
+
+
+def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
+                                   config: Optional[LesionAnonymizationConfig] = None, weights=None,
+                                   device: str = "auto", seed: int = 0,
+                                   progress: Optional[ProgressCallback] = None,
+                                   brain_mask: Optional[Volume] = None):
+    """:func:`anonymize_lesions` plus details: input kind, lesion voxels outside the brain mask,
+    sharpening amount, stage timings (s)."""
+    import time
+
     from ..datasets.slices import intensity_window
     from ..io.volume import require_usable_image
     from ..io.writers import cast_to_dtype
+    from .lesion_head import brain_region, face_treatment, input_kind
 
     config = config or LesionAnonymizationConfig()
     require_same_grid(volume, lesion_mask, what="lesion mask")
@@ -399,20 +428,45 @@ def anonymize_lesions(volume: Volume, lesion_mask: Volume, config: Optional[Lesi
     lesion_input = lesion_voxels(lesion_mask, config.allow_empty_lesion)
     if config.steps < 1 or config.steps > 1000:
         raise InputError(f"steps must be between 1 and 1000, got {config.steps}")
+    from .lesion_head import FACE_METHODS
+
+    if config.face_method not in FACE_METHODS:
+        raise InputError(f"unknown face method {config.face_method!r} (use one of {', '.join(FACE_METHODS)})")
+    timings = {}
+    clock = time.perf_counter()
+    kind = input_kind(volume, config.input_kind)
+    details = {"input_kind": kind, "lesion_voxels_outside_brain": 0}
+    if kind == "head":
+        from ..transforms.brain_mask import resolve_brain_mask
+
+        report(progress, 0.0, "brain mask")
+        mask_volume = resolve_brain_mask(volume, brain_mask, backend=config.brain_backend, device=device,
+                                         progress=None if brain_mask is not None else sub_progress(progress, 0.0, 0.2))
+        brain_input, details["lesion_voxels_outside_brain"] = brain_region(mask_volume.array != 0, lesion_input)
+    else:
+        if brain_mask is not None:
+            from ..transforms.brain_mask import user_brain_mask
+
+            brain_input = (user_brain_mask(brain_mask, volume).array != 0) | lesion_input
+        else:
+            brain_input = volume.array > volume.array.min()
+    timings["brain_mask"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     models = weights if isinstance(weights, LesionModels) else load_lesion_models(weights, device)
-    report(progress, 0.0, "preparing slices")
+    report(progress, 0.2, "preparing slices")
     size = models.image_size
     order, flips = axial_layout(volume.affine)
     image = to_ras_layout(volume.array, order, flips)
     lesion = to_ras_layout(lesion_input, order, flips)
+    brain = to_ras_layout(brain_input, order, flips)
     spacing = np.asarray(volume.spacing)[list(order)]
-    low, high = intensity_window(volume.array)
-    normalized = np.clip((image.astype(np.float64) - low) / (high - low), 0.0, 1.0).astype(np.float32)
-    foreground = image > low
-    present = np.flatnonzero(foreground.any(axis=(0, 1)))
+    brain_image = np.where(brain, image, image.min())
+    low, high = intensity_window(brain_image)
+    normalized = np.clip((brain_image.astype(np.float64) - low) / (high - low), 0.0, 1.0).astype(np.float32)
+    present = np.flatnonzero(brain.any(axis=(0, 1)))
     if present.size == 0:
         raise InputError("the image has no foreground")
-    box = np.argwhere(foreground)
+    box = np.argwhere(brain)
     center = (box.min(0) + box.max(0)) / 2.0
     slices = present
     stack = np.moveaxis(normalized[:, :, slices], -1, 0)
@@ -426,22 +480,63 @@ def anonymize_lesions(volume: Volume, lesion_mask: Volume, config: Optional[Lesi
     grades = np.full(len(slices), grade_index(config.grade, models.diffusion.config.num_classes))
     generated = anonymize_lesion_slices(models, model_images, model_masks.astype(np.uint8), grades, depths,
                                         steps=config.steps, sampler=config.sampler, seed=seed,
-                                        batch_size=config.batch_size, progress=sub_progress(progress, 0.05, 0.95),
+                                        batch_size=config.batch_size, progress=sub_progress(progress, 0.2, 0.8),
                                         repulsion=config.repulsion)
-    report(progress, 0.95, "writing slices back")
+    timings["generation"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    report(progress, 0.8, "writing slices back")
     back = slices_from_model(generated, spacing[:2], center[:2], image.shape[:2])
-    result = image.astype(np.float64).copy()
     result_stack = back.astype(np.float64) * (high - low) + low
+    original = np.moveaxis(image[:, :, slices], -1, 0).astype(np.float64)
+    brain_stack = np.moveaxis(brain[:, :, slices], -1, 0)
+    # the region the output's brain occupies: the input's brain mask for a head (it must fit the
+    # skull), the generated foreground for a skull-stripped input (its outline is regenerated too)
+    region = brain_stack if kind == "head" else back > 0.05
+    if config.match_appearance:
+        reference = brain_stack & ~lesion_stack
+        pixel_ratio = (MODEL_FIELD_OF_VIEW_MM / size) / spacing[:2]
+        matched, appearance = match_sharpness_of(result_stack, original, region & ~lesion_stack, reference,
+                                                 pixel_ratio / 2.0, config.sharpness_target, seed)
+        details.update(appearance)
+        result_stack = np.where(region, matched, result_stack)
     if config.exact_lesion:
         weight = feather_weights(lesion_stack, config.feather_px)
-        original = np.moveaxis(image[:, :, slices], -1, 0).astype(np.float64)
         result_stack = weight * original + (1.0 - weight) * result_stack
-    result[:, :, slices] = np.moveaxis(result_stack, 0, -1)
+    result = image.astype(np.float64).copy()
+    if kind == "brain":
+        result[:, :, slices] = np.moveaxis(result_stack, 0, -1)
     output = cast_to_dtype(result, volume.dtype)
+    if kind == "head":
+        report(progress, 0.85, f"face: {config.face_method}")
+        brain_volume = volume.with_array(brain_input.astype(np.uint8))
+        outside = face_treatment(volume, brain_volume, config.face_method, seed=seed, device=device,
+                                 progress=sub_progress(progress, 0.85, 0.99))
+        timings["face"] = time.perf_counter() - clock
+        composed = to_ras_layout(np.asarray(outside.array), order, flips).copy()
+        generated_brain = cast_to_dtype(np.moveaxis(result_stack, 0, -1), volume.dtype)
+        inside = brain[:, :, slices]
+        composed_slices = composed[:, :, slices]
+        composed_slices[inside] = generated_brain[inside]
+        composed[:, :, slices] = composed_slices
+        output = composed
     if config.exact_lesion:
         output[lesion] = image[lesion]
     output = np.ascontiguousarray(from_ras_layout(output, order, flips))
     if config.exact_lesion and not np.array_equal(output[lesion_input], volume.array[lesion_input]):
         raise InvariantError("lesion voxels differ from the input although exact_lesion was asked for")
+    timings["compose"] = time.perf_counter() - clock - timings.get("face", 0.0)
+    details["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
     report(progress, 1.0, "done")
-    return volume.with_array(output)
+    return volume.with_array(output), details
+
+
+def match_sharpness_of(generated: np.ndarray, original: np.ndarray, region: np.ndarray, reference: np.ndarray,
+                       sigma_px, target: float, seed: int = 0):
+    """(generated stack with the input's intensity distribution, noise level and ``target`` x its
+    sharpness in ``region``, details): :func:`AnonMRILib.transforms.appearance.match_sharpness`."""
+    from ..transforms.appearance import match_sharpness
+
+    if not region.any() or not reference.any():
+        return generated, {}
+    return match_sharpness(generated, original, region, reference, tuple(float(s) for s in sigma_px),
+                           target_ratio=target, seed=seed)
