@@ -40,6 +40,7 @@ pyradiomics 3.0.1 source archive unpacked in PYRAD, the ROBEX reference volumes 
         --real-label PYRAD/data/brain1_label.nrrd
 """
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -374,6 +375,9 @@ def main(argv=None) -> int:
     parser.add_argument("--brain-backend", default="auto", help="real_case: brain-mask backend (default auto = hdbet)")
     parser.add_argument("--face-methods", default="remodel,reface,quickshear,none",
                         help="real_case: face treatments to run outside the brain (comma-separated)")
+    parser.add_argument("--data-root", type=Path, default=None,
+                        help="consistency: folder with the unpacked head packages (as make_lesion_slices.py)")
+    parser.add_argument("--consistency-patients", type=int, default=4, help="consistency: whole volumes to generate")
     parser.add_argument("--timing-face-method", default="remodel", help="real_case: face method of the 155-slice timing run")
     args = parser.parse_args(argv)
     if args.threads:
@@ -486,10 +490,89 @@ def main(argv=None) -> int:
     if "real_case" in parts:
         results["real_case"] = real_case(args, models, repulsion)
 
+    if "consistency" in parts:
+        results["consistency"] = consistency(args, models, repulsion)
+
     results_path.write_text(json.dumps(results, indent=2))
     write_report(args.out, results)
     print(f"wrote {results_path} and {args.out / 'README.md'}", flush=True)
     return 0
+
+
+def generated_volumes(args, size: int):
+    """Whole synthetic patients (co-registered like the training data, patient ids 10**6 + p so none
+    is a training patient) from the heads under ``--data-root``: [(image, labels, brain)] (S, S, 155)."""
+    from make_lesion_slices import default_heads
+
+    from AnonMRILib.datasets.synthetic_lesions import (SubjectVariationConfig, coregistration_target_mm, head_frame,
+                                                       load_base_heads, synthesize_patient)
+
+    if args.data_root is None:
+        raise SystemExit("--parts consistency needs --data-root (the unpacked head packages)")
+    specs, atlas, atlas_mask = default_heads(args.data_root)
+    heads = load_base_heads(specs, atlas, atlas_mask)
+    target = coregistration_target_mm(heads)
+    volumes = []
+    for patient in range(args.consistency_patients):
+        rng = np.random.default_rng([args.seed, 10 ** 6 + patient])
+        head = heads[patient % len(heads)]
+        volumes.append(synthesize_patient(head, rng, size, patient % 2, SubjectVariationConfig(),
+                                          head_frame(head, target)))
+    return volumes
+
+
+def consistency(args, models, repulsion) -> dict:
+    """Adjacent-slice correlation of generated volumes (independent slices, the paper's way, vs
+    :class:`VolumeConsistencyConfig`) against the real volumes, on whole held-out synthetic patients."""
+    from AnonMRILib.evaluation.realism import realism_summary
+    from AnonMRILib.evaluation.volume_consistency import consistency_summary
+    from AnonMRILib.pipelines.lesion import VolumeConsistencyConfig, anonymize_lesion_slices
+
+    start = time.time()
+    size = models.image_size
+    real, independent, consistent = [], [], []
+    config = VolumeConsistencyConfig()
+    for index, (image, labels, brain) in enumerate(generated_volumes(args, size)):
+        present = np.flatnonzero(brain.sum(axis=(0, 1)) >= 0.05 * size * size)
+        images = np.moveaxis(image[:, :, present], -1, 0)
+        masks = np.moveaxis(labels[:, :, present] > 0, -1, 0).astype(np.uint8)
+        grades = np.full(len(present), index % 2)
+        depths = present / 154.0
+        common = dict(steps=args.steps, seed=args.seed + index, repulsion=repulsion)
+        real.append(images)
+        independent.append(anonymize_lesion_slices(models, images, masks, grades, depths, **common))
+        consistent.append(anonymize_lesion_slices(models, images, masks, grades, depths, **common,
+                                                  positions_mm=present.astype(float), consistency=config))
+        print(f"consistency volume {index}: {len(present)} slices, {round(time.time() - start)} s", flush=True)
+    stack = lambda volumes: np.concatenate(volumes)  # noqa: E731
+    patients = np.concatenate([np.full(len(v), i) for i, v in enumerate(real)])
+    result = {"volumes": len(real), "slices": int(sum(len(v) for v in real)), "config": dataclasses.asdict(config), "steps": args.steps, "candidates": repulsion.candidates,
+              "independent": consistency_summary(independent, real), "consistent": consistency_summary(consistent, real),
+              "realism_independent": realism_summary(stack(independent), stack(real), groups=patients),
+              "realism_consistent": realism_summary(stack(consistent), stack(real), groups=patients),
+              "seconds": round(time.time() - start, 1), "figure": "consistency.png"}
+    _consistency_figure(args.out / "consistency.png", real[0], independent[0], consistent[0])
+    print("consistency", json.dumps({k: result[k] for k in ("independent", "consistent")}), flush=True)
+    return result
+
+
+def _consistency_figure(path: Path, real, independent, consistent) -> None:
+    """Coronal reformats (through the middle) of one volume: real, independent slices, consistent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    column = real.shape[2] // 2
+    figure, axes = plt.subplots(1, 3, figsize=(8, 2.6))
+    for axis, (title, volume) in zip(axes, (("real", real), ("independent slices (paper)", independent),
+                                            ("consistent (neighbour-conditioned)", consistent))):
+        axis.imshow(volume[:, :, column], cmap="gray", origin="lower", vmin=0, vmax=1, aspect="auto")
+        axis.set_title(title, fontsize=8)
+        axis.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
 
 
 def resample_slices(volume, count: int, order: int):

@@ -107,6 +107,36 @@ class SourceRepulsionConfig:
 
 
 @dataclass(frozen=True)
+class VolumeConsistencyConfig:
+    """Consistent volumes (the paper anonymizes slices independently, its stated limitation):
+    slices are generated in order along the slice axis, each conditioned on the already generated
+    neighbour (:func:`anonymize_lesion_slices` with ``positions_mm``):
+
+    * the initial noise is an AR(1) process along depth: z_T(k) = rho z_T(k-1) + sqrt(1 - rho^2) eps,
+      rho = exp(-gap_mm / ``noise_correlation_mm``), z_T(k-1) the kept draw's;
+    * an inpainting-style blend in latent space: during the first ``guided_fraction`` of the DDIM
+      steps each draw's z_t is pulled towards the kept neighbour's z_t at the same step,
+      z_t <- (1 - w) z_t + w z_t(k-1), w = ``neighbour_weight`` * rho; later steps are free, so a
+      slice keeps its own detail and its lesion.
+
+    Source repulsion still chooses among the K draws of each slice; all of them share the
+    neighbour's layout, so the choice no longer breaks the volume apart. Defaults from the
+    adjacent-slice correlation on held-out generated volumes (``evaluate_lesion.py --parts
+    consistency``; README).
+    """
+
+    noise_correlation_mm: float = 20.0
+    neighbour_weight: float = 0.8
+    guided_fraction: float = 0.6
+
+    def __post_init__(self) -> None:
+        if self.noise_correlation_mm <= 0 or not 0.0 <= self.neighbour_weight <= 1.0 \
+                or not 0.0 <= self.guided_fraction <= 1.0:
+            raise InputError("volume consistency: noise_correlation_mm > 0, neighbour_weight and guided_fraction "
+                             "in [0, 1]")
+
+
+@dataclass(frozen=True)
 class LesionAnonymizationConfig:
     """Options of :func:`anonymize_lesions`.
 
@@ -121,6 +151,7 @@ class LesionAnonymizationConfig:
     ``brain_backend``: brain-mask backend when no mask is given. ``match_appearance``: give the
     generated voxels the input's intensity distribution and sharpness
     (:mod:`AnonMRILib.transforms.appearance`; ``sharpness_target`` = wanted sharpness ratio).
+    ``consistency``: :class:`VolumeConsistencyConfig` (None = independent slices, the paper's way).
     """
 
     steps: int = 10
@@ -136,6 +167,7 @@ class LesionAnonymizationConfig:
     brain_backend: str = "auto"
     match_appearance: bool = True
     sharpness_target: float = 1.0
+    consistency: Optional[VolumeConsistencyConfig] = VolumeConsistencyConfig()
 
 
 @dataclass
@@ -249,7 +281,9 @@ def repelled_choice(draws: "torch.Tensor", source: "torch.Tensor", lesion_mask: 
 def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.ndarray, grades: np.ndarray,
                             depths: np.ndarray, steps: int = 10, sampler: str = "ddim", seed: int = 0,
                             batch_size: int = 64, progress: Optional[ProgressCallback] = None,
-                            return_latents: bool = False, repulsion: Optional[SourceRepulsionConfig] = None):
+                            return_latents: bool = False, repulsion: Optional[SourceRepulsionConfig] = None,
+                            positions_mm: Optional[np.ndarray] = None,
+                            consistency: Optional[VolumeConsistencyConfig] = None):
     """Anonymize model-size slices: images (N, S, S) in [0, 1], masks (N, S, S) {0, 1}, grades (N,)
     class indices (``num_classes`` = unknown), depths (N,) in [0, 1] -> (N, S, S) float32 in [0, 1].
 
@@ -257,12 +291,19 @@ def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.
     keeps :func:`repelled_choice`. Checks the lesion-latent invariant (see the module docstring).
     Deterministic in ``seed``; with ``candidates=1`` (plain sampling) the draw is the first of any
     larger ``candidates`` with the same seed and batch size.
+
+    ``positions_mm`` (N,) (the slices' positions along the slice axis of one volume) with a
+    ``consistency`` config: the slices are generated in that order, each conditioned on the kept
+    draw of the previous one (:class:`VolumeConsistencyConfig`); otherwise independently.
     """
     import torch
 
     from ..models.latent_diffusion import sample_latents
 
     repulsion = repulsion or SourceRepulsionConfig()
+    if consistency is not None and positions_mm is not None:
+        return _consistent_slices(models, images, masks, grades, depths, np.asarray(positions_mm, dtype=np.float64),
+                                  steps, sampler, seed, progress, return_latents, repulsion, consistency)
     candidates = repulsion.candidates
     autoencoder, diffusion, device = models.autoencoder, models.diffusion, models.device
     autoencoder.eval()
@@ -300,6 +341,70 @@ def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.
     if return_latents:
         return generated, np.concatenate(lesion_latents) if lesion_latents else None
     return generated
+
+
+def _consistent_slices(models: LesionModels, images, masks, grades, depths, positions_mm, steps, sampler, seed,
+                       progress, return_latents, repulsion, consistency):
+    """:func:`anonymize_lesion_slices` in slice order, each slice's K draws conditioned on the kept
+    draw of its neighbour (:class:`VolumeConsistencyConfig`)."""
+    import torch
+
+    from ..models.latent_diffusion import sample_latents
+
+    autoencoder, diffusion, device = models.autoencoder, models.diffusion, models.device
+    autoencoder.eval()
+    diffusion.eval()
+    generator = torch.Generator().manual_seed(int(seed))
+    config = diffusion.config
+    candidates = repulsion.candidates
+    count = len(images)
+    order = np.argsort(positions_mm, kind="stable")
+    outputs = np.zeros((count,) + tuple(np.shape(images)[1:]), dtype=np.float32)
+    lesion_latents = [None] * count
+    guided = int(round(consistency.guided_fraction * (steps if sampler == "ddim" else config.num_train_timesteps)))
+    previous_noise, previous_trajectory, previous_position = None, None, None
+    for rank, index in enumerate(order):
+        x = torch.from_numpy(np.ascontiguousarray(images[index:index + 1], dtype=np.float32))[:, None].to(device)
+        m = torch.from_numpy(np.ascontiguousarray(masks[index:index + 1], dtype=np.float32))[:, None].to(device)
+        c = torch.from_numpy(np.asarray(grades[index:index + 1], dtype=np.int64)).to(device).repeat(candidates)
+        d = torch.from_numpy(np.asarray(depths[index:index + 1], dtype=np.float32)).to(device).repeat(candidates)
+        shape = (candidates, config.latent_channels, config.latent_size, config.latent_size)
+        noise = torch.randn(shape, generator=generator, device="cpu").to(device)
+        weight = 0.0
+        if previous_noise is not None:
+            rho = float(np.exp(-abs(positions_mm[index] - previous_position) / consistency.noise_correlation_mm))
+            noise = rho * previous_noise[None] + (1.0 - rho ** 2) ** 0.5 * noise
+            weight = consistency.neighbour_weight * rho
+        trajectory = []
+
+        def hook(step: int, z, weight=weight, neighbour=previous_trajectory, trajectory=trajectory):
+            if neighbour is not None and step < guided and weight > 0:
+                z = (1.0 - weight) * z + weight * neighbour[step][None]
+            trajectory.append(z)
+            return z
+
+        with torch.no_grad():
+            z_lesion, _ = autoencoder.encode_lesion(x, m)
+            z_lesion_stored = z_lesion.clone()
+            part = sub_progress(progress, rank / count, (rank + 1) / count)
+            z_background = sample_latents(diffusion, c, m.expand(candidates, -1, -1, -1), d, steps=steps,
+                                          sampler=sampler, generator=generator, progress=part, initial_noise=noise,
+                                          step_hook=hook)
+            z_background = z_background * models.latent_scale + models.latent_shift
+            draws = autoencoder.decode_joint(z_lesion.expand(candidates, -1, -1, -1), z_background).clamp(0.0, 1.0)
+            kept = int(repelled_choice(draws[:, None], x, m, repulsion)[0])
+            z_lesion_again, _ = autoencoder.encode_lesion(x, m)
+        if not torch.equal(z_lesion, z_lesion_stored):
+            raise InvariantError("the lesion latent was modified during generation")
+        if not torch.allclose(z_lesion_again, z_lesion_stored, rtol=1e-4, atol=1e-5):
+            raise InvariantError("the lesion latent used for decoding is not the lesion encoder's output")
+        outputs[index] = draws[kept, 0].cpu().numpy()
+        lesion_latents[index] = z_lesion_stored[0].cpu().numpy()
+        previous_noise, previous_position = noise[kept], positions_mm[index]
+        previous_trajectory = [z[kept] for z in trajectory]
+    if return_latents:
+        return outputs, np.stack(lesion_latents) if count else None
+    return outputs
 
 
 # --- geometry: input grid <-> model slices ---------------------------------------------------------------
@@ -481,7 +586,8 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
     generated = anonymize_lesion_slices(models, model_images, model_masks.astype(np.uint8), grades, depths,
                                         steps=config.steps, sampler=config.sampler, seed=seed,
                                         batch_size=config.batch_size, progress=sub_progress(progress, 0.2, 0.8),
-                                        repulsion=config.repulsion)
+                                        repulsion=config.repulsion, positions_mm=slices * spacing[2],
+                                        consistency=config.consistency)
     timings["generation"] = time.perf_counter() - clock
     clock = time.perf_counter()
     report(progress, 0.8, "writing slices back")
