@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from lesion_fixtures import save_tiny_weights
 from test_lesion_training import tiny_data
@@ -95,3 +96,34 @@ def test_segmentation_utility_model_learns_a_separable_lesion():
     model = evaluate_lesion.train_segmentation(images[:48], masks[:48], steps=300, seed=0)
     scores = evaluate_lesion.segmentation_scores(model, images[48:], masks[48:])
     assert scores["iou_tumour"] > 0.5, scores
+
+
+def test_consistency_part_reports_real_independent_and_consistent(tmp_path, monkeypatch):
+    """evaluate_lesion's consistency part on two tiny volumes (the heads are replaced by a fixture)."""
+    import argparse
+
+    import evaluate_lesion
+
+    from lesion_fixtures import TINY_SIZE, tiny_models
+
+    rng = np.random.default_rng(0)
+    volumes = []
+    for _ in range(2):
+        brain = np.zeros((TINY_SIZE, TINY_SIZE, 12), bool)
+        brain[6:26, 6:26, 2:10] = True
+        image = np.where(brain, 0.4 + 0.1 * rng.random(brain.shape), 0.0).astype(np.float32)
+        labels = np.zeros(brain.shape, np.uint8)
+        labels[12:16, 12:16, 4:8] = 1
+        volumes.append((image, labels, brain))
+    monkeypatch.setattr(evaluate_lesion, "generated_volumes", lambda args, size: volumes)
+    from AnonMRILib.pipelines.lesion import SourceRepulsionConfig
+
+    args = argparse.Namespace(steps=1, seed=0, out=tmp_path)
+    result = evaluate_lesion.consistency(args, tiny_models(), SourceRepulsionConfig(candidates=2))
+    assert result["volumes"] == 2 and result["slices"] == 16
+    for name in ("independent", "consistent"):
+        assert result[name]["real"] == pytest.approx(result["consistent"]["real"])
+        assert len(result[name]["per_volume_generated"]) == 2
+    evaluate_lesion.write_report(tmp_path, {"consistency": result})
+    assert "adjacent-slice correlation" in (tmp_path / "README.md").read_text()
+    assert (tmp_path / "consistency.png").is_file()
