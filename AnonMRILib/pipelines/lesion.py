@@ -125,9 +125,9 @@ class VolumeConsistencyConfig:
     Defaults chosen on one whole generated patient outside the training set (head 0, 1 mm slices,
     K = 8 draws, shipped 64 x 64 models) as the setting whose adjacent-slice correlation is
     closest to the real volume's (real 0.921; independent slices 0.745): (20 mm, 0.8, 0.6) 0.993,
-    (20, 0.5, 0.5) 0.992, (5, 0.5, 0.5) 0.989, these (3, 0.3, 0.3) 0.958. Correlated noise alone
-    makes neighbours nearly identical (the DDIM sampler is deterministic), hence the short
-    correlation length. Held-out figures: ``evaluate_lesion.py --parts consistency`` (README).
+    (20, 0.5, 0.5) 0.992, (10, 0.5, 0.3) 0.980, (5, 0.5, 0.5) 0.989, these (3, 0.3, 0.3) 0.958.
+    Correlated noise alone makes neighbours nearly identical (the DDIM sampler is deterministic),
+    hence the short correlation length. Held-out figures: ``evaluate_lesion.py --parts consistency`` (README).
     """
 
     noise_correlation_mm: float = 3.0
