@@ -43,6 +43,13 @@ again; with ``exact_lesion`` the lesion voxels equal the input's exactly.
 
 An empty lesion mask is refused (``InputError``) unless ``allow_empty_lesion=True``, in which case
 every slice is generated with an empty M (the whole brain is remodeled; nothing is preserved).
+
+Whole-head inputs (:mod:`.lesion_head`): the "foreground" above is the brain mask (joined with the
+lesion) instead of the voxels above the minimum; only voxels inside it are replaced, and the face
+treatment of ``config.face_method`` is applied outside it, so the output is a complete head.
+Generated voxels get the input's intensity distribution, noise level and sharpness
+(:mod:`AnonMRILib.transforms.appearance`, ``match_appearance``). Slices of a volume are generated
+in order, each conditioned on its generated neighbour (:class:`VolumeConsistencyConfig`).
 """
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Tuple, Union
