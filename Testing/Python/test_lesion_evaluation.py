@@ -127,3 +127,24 @@ def test_consistency_part_reports_real_independent_and_consistent(tmp_path, monk
     evaluate_lesion.write_report(tmp_path, {"consistency": result})
     assert "adjacent-slice correlation" in (tmp_path / "README.md").read_text()
     assert (tmp_path / "consistency.png").is_file()
+
+
+def test_real_case_helpers_resample_and_head_metrics():
+    """The whole-head real case: resampling to more slices keeps the extent; identical output scores
+    Dice 1 and sharpness ratio 1, a blurred brain a lower sharpness ratio."""
+    import evaluate_lesion
+    from scipy import ndimage
+
+    from test_lesion_head import head_with_lesion
+
+    head, lesion, brain = head_with_lesion()
+    longer = evaluate_lesion.resample_slices(head, 28, 1)
+    assert longer.shape == (44, 48, 28) and longer.dtype == head.dtype
+    first = lambda v: v.affine[:3, :3] @ np.array([0, 0, -0.5]) + v.affine[:3, 3]  # noqa: E731 (slab edge)
+    assert np.allclose(first(longer), first(head))
+    inside, in_lesion = brain.array != 0, lesion.array != 0
+    same = evaluate_lesion.head_metrics(head, head, inside, in_lesion)
+    assert same["head_outline_dice"] == 1.0 and same["sharpness_ratio_volume"] == pytest.approx(1.0)
+    blurred = head.with_array(np.where(inside, ndimage.gaussian_filter(head.array.astype(float), (2, 2, 0)),
+                                       head.array).astype(head.dtype))
+    assert evaluate_lesion.head_metrics(head, blurred, inside, in_lesion)["sharpness_ratio_volume"] < 0.8
