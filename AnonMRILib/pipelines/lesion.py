@@ -617,6 +617,8 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
                                                  pixel_ratio / 2.0, config.sharpness_target, seed)
         details.update(appearance)
         result_stack = np.where(region, matched, result_stack)
+    timings["write_back_and_appearance"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     if config.exact_lesion:
         weight = feather_weights(lesion_stack, config.feather_px)
         result_stack = weight * original + (1.0 - weight) * result_stack
@@ -642,7 +644,7 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
     output = np.ascontiguousarray(from_ras_layout(output, order, flips))
     if config.exact_lesion and not np.array_equal(output[lesion_input], volume.array[lesion_input]):
         raise InvariantError("lesion voxels differ from the input although exact_lesion was asked for")
-    timings["compose"] = time.perf_counter() - clock - timings.get("face", 0.0)
+    timings["compose"] = time.perf_counter() - clock - timings.get("face", 0.0)  # feather, cast, checks
     details["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
     report(progress, 1.0, "done")
     return volume.with_array(output), details
