@@ -1,12 +1,20 @@
 """Shared pieces of the lesion-model training scripts: config, DDP, checkpoints with resume.
 
-* Config: a dataclass of defaults, overridden by ``--config FILE.json`` and then by flags.
+* Config: a dataclass of defaults, overridden by ``--config FILE.json`` and then by flags. A config
+  file may hold one section per script (``{"vae": {...}, "diffusion": {...}}``, e.g.
+  ``Training/configs/lesion_paper_240.json``); each script reads its own section.
 * DDP: launched with ``torchrun --nproc_per_node N script.py ...`` the scripts see ``WORLD_SIZE``
   and use ``torch.distributed`` (NCCL on CUDA, Gloo on CPU); each rank takes every N-th batch and
   only rank 0 writes. A plain ``python script.py`` is world size 1.
 * Checkpoints: ``checkpoint.safetensors`` in the output folder holds the model weights
   (``model.*``), the Adam state (``optimizer.*``) and JSON metadata (epoch, step, config,
-  optimizer hyper-parameters, loss history), written atomically; ``--resume`` continues from it.
+  optimizer hyper-parameters, loss history), written atomically; ``--resume`` continues from it,
+  ``--resume-from FILE`` from a checkpoint elsewhere (e.g. a small one committed to the repository
+  after a previous session: ``checkpoint_dtype="bfloat16"`` stores weights and Adam moments in
+  bfloat16, half the size; they are restored to float32).
+* Random crops (:func:`random_crops`): the networks are fully convolutional (plus self-attention,
+  which takes any number of positions), so they can be trained on crops of full-size slices and
+  applied at full size.
 """
 import argparse
 import dataclasses
@@ -22,6 +30,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, required=True, help=".npz made by Training/make_lesion_slices.py")
     parser.add_argument("--out", type=Path, required=True, help="output folder (checkpoint, weights, card, log)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
+    parser.add_argument("--resume-from", type=Path, default=None, metavar="CHECKPOINT",
+                        help="continue from this checkpoint file (e.g. one committed by an earlier session)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="stop (and save) after this many optimizer steps in this run (timing, short sessions)")
     parser.add_argument("--time-budget-min", type=float, default=None,
                         help="stop (and save) after this many minutes of wall time")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -30,11 +42,15 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one config field (repeatable), e.g. --set epochs=40")
 
 
-def build_config(config_class, args: argparse.Namespace):
-    """Defaults <- ``--config`` JSON <- ``--set FIELD=VALUE`` (values parsed as JSON when possible)."""
+def build_config(config_class, args: argparse.Namespace, section: Optional[str] = None):
+    """Defaults <- ``--config`` JSON (its ``section`` when it has one; keys starting with ``_`` are
+    comments) <- ``--set FIELD=VALUE`` (values parsed as JSON when possible)."""
     values: Dict[str, Any] = {}
     if args.config is not None:
-        values.update(json.loads(Path(args.config).read_text()))
+        loaded = json.loads(Path(args.config).read_text())
+        if section is not None and isinstance(loaded.get(section), dict):
+            loaded = loaded[section]
+        values.update({k: v for k, v in loaded.items() if not k.startswith("_") and not isinstance(v, dict)})
     for item in args.set:
         key, _, raw = item.partition("=")
         try:
@@ -90,16 +106,23 @@ def reduce_mean(value: float, world_size: int) -> float:
     return float(tensor.item() / world_size)
 
 
-def save_checkpoint(path: Path, model, optimizer, metadata: Dict[str, Any]) -> None:
-    """Model + Adam state + JSON metadata in one safetensors file (atomic)."""
+def save_checkpoint(path: Path, model, optimizer, metadata: Dict[str, Any], dtype: str = "float32") -> None:
+    """Model + Adam state + JSON metadata in one safetensors file (atomic). ``dtype="bfloat16"``
+    stores floating-point tensors (not step counters or BatchNorm counts) in bfloat16."""
+    import torch
     from safetensors.torch import save_file
 
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    def compact(value):
+        value = value.detach().cpu().contiguous()
+        return value.to(torch.bfloat16) if dtype == "bfloat16" and value.is_floating_point() else value
+
+    tensors = {f"model.{k}": compact(v) for k, v in model.state_dict().items()}
     state = optimizer.state_dict()
     for index, entry in state["state"].items():
         for key, value in entry.items():
             if hasattr(value, "detach"):
-                tensors[f"optimizer.{index}.{key}"] = value.detach().cpu().contiguous().reshape(value.shape)
+                tensors[f"optimizer.{index}.{key}"] = (compact(value) if key != "step" else value.detach().cpu()
+                                                       ).reshape(value.shape)
     meta = dict(metadata)
     meta["param_groups"] = state["param_groups"]
     temporary = path.with_name(path.name + ".tmp")
@@ -114,12 +137,15 @@ def load_checkpoint(path: Path, model, optimizer, device) -> Dict[str, Any]:
     with safe_open(str(path), framework="pt", device="cpu") as handle:
         meta = json.loads(handle.metadata()["json"])
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    import torch
+
+    as_float = lambda v: v.float() if v.dtype == torch.bfloat16 else v  # noqa: E731 (compact checkpoints)
+    model.load_state_dict({k[len("model."):]: as_float(v) for k, v in tensors.items() if k.startswith("model.")})
     state: Dict[int, Dict[str, Any]] = {}
     for name, value in tensors.items():
         if name.startswith("optimizer."):
             _, index, key = name.split(".", 2)
-            state.setdefault(int(index), {})[key] = value.to(device) if key != "step" else value
+            state.setdefault(int(index), {})[key] = as_float(value).to(device) if key != "step" else value
     optimizer.load_state_dict({"state": state, "param_groups": meta.pop("param_groups")})
     return meta
 
@@ -128,7 +154,11 @@ def resume_state(args: argparse.Namespace, model, optimizer, device) -> Tuple[in
     """(epoch, step, history, elapsed_s) from ``args.out/checkpoint.safetensors`` with ``--resume``,
     else a fresh start (0, 0, [], 0.0); restores model and optimizer when resuming."""
     checkpoint_path = args.out / "checkpoint.safetensors"
-    if not (args.resume and checkpoint_path.is_file()):
+    if getattr(args, "resume_from", None) is not None:
+        if not Path(args.resume_from).is_file():
+            raise SystemExit(f"--resume-from: no checkpoint at {args.resume_from}")
+        checkpoint_path = Path(args.resume_from)
+    elif not (args.resume and checkpoint_path.is_file()):
         return 0, 0, [], 0.0
     meta = load_checkpoint(checkpoint_path, model, optimizer, device)
     print(f"resumed at epoch {meta['epoch']}, step {meta['step']}", flush=True)
@@ -164,3 +194,28 @@ def log_line(path: Path, record: Dict[str, Any]) -> None:
     with open(path, "a") as handle:
         handle.write(json.dumps(record) + "\n")
     print(json.dumps(record), flush=True)
+
+
+def random_crops(generator, size: int, *tensors):
+    """The same random ``size`` x ``size`` window of each sample of the (B, C, H, W) ``tensors``
+    (a different window per sample; ``size`` >= H, W or 0 returns them unchanged)."""
+    import torch
+
+    height, width = tensors[0].shape[-2:]
+    if not size or (size >= height and size >= width):
+        return tensors
+    rows = torch.randint(0, height - size + 1, (tensors[0].shape[0],), generator=generator).tolist()
+    cols = torch.randint(0, width - size + 1, (tensors[0].shape[0],), generator=generator).tolist()
+    return tuple(torch.stack([t[i, :, r:r + size, c:c + size] for i, (r, c) in enumerate(zip(rows, cols))])
+                 for t in tensors)
+
+
+def autocast(device, enabled: bool):
+    """bfloat16 autocast on CUDA when ``enabled`` (a no-op context on the CPU)."""
+    import contextlib
+
+    import torch
+
+    if enabled and getattr(device, "type", str(device)) == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()

@@ -10,6 +10,11 @@ lesion mask M and slice depth D. The patient split is the VAE's (same ``split_se
         --out runs/diffusion --time-budget-min 25
     torchrun --nproc_per_node 4 Training/train_lesion_diffusion.py ...   # DDP
 
+Paper resolution: ``--config Training/configs/lesion_paper_240.json`` (its "diffusion" section)
+with the 240 x 240 VAE; the latents are [16 x 30 x 30] means (the encoder's [32 x 30 x 30] output
+is mean and log-variance) and small, so the U-Net trains on whole latents. ``amp``,
+``checkpoint_dtype``, ``--resume-from`` and ``--max-steps`` as in ``train_lesion_vae.py``.
+
 Outputs in ``--out``: checkpoint.safetensors (resume), lesion_diffusion.safetensors, lesion_diffusion.json, log.jsonl.
 """
 import argparse
@@ -23,9 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lesion_training_common import (WallClock, add_common_arguments, build_config, epoch_batches,  # noqa: E402
-                                    log_line, reduce_mean, resume_state, save_checkpoint, setup_distributed,
-                                    wrap_ddp)
+from lesion_training_common import (WallClock, add_common_arguments, autocast, build_config,  # noqa: E402
+                                    epoch_batches, log_line, reduce_mean, resume_state, save_checkpoint,
+                                    setup_distributed, wrap_ddp)
 from train_lesion_vae import load_split  # noqa: E402
 
 
@@ -44,6 +49,8 @@ class DiffusionTrainingConfig:
     split_seed: int = 0
     test_fraction: float = 0.2
     checkpoint_every_steps: int = 200
+    amp: bool = False
+    checkpoint_dtype: str = "float32"
 
 
 def encode_backgrounds(vae, images, masks, device, batch: int = 128):
@@ -67,7 +74,7 @@ def main(argv=None) -> int:
     add_common_arguments(parser)
     parser.add_argument("--vae", type=Path, required=True, help="lesion_vae.safetensors")
     args = parser.parse_args(argv)
-    config = build_config(DiffusionTrainingConfig, args)
+    config = build_config(DiffusionTrainingConfig, args, section="diffusion")
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world_size, device = setup_distributed(args.device)
@@ -104,16 +111,19 @@ def main(argv=None) -> int:
         if rank == 0:
             save_checkpoint(checkpoint_path, model, optimizer,
                             {"epoch": epoch_done, "step": step, "history": history, "config": asdict(config),
-                             "elapsed_s": elapsed_before + clock.elapsed})
+                             "elapsed_s": elapsed_before + clock.elapsed}, dtype=config.checkpoint_dtype)
 
     stopped_early = False
+    steps_this_run = 0
     while epoch < config.epochs and not stopped_early:
         model.train()
         total, done = 0.0, 0
         for batch_index in epoch_batches(len(latents), config.batch_size, config.seed, epoch, rank, world_size):
-            loss = diffusion_loss(trainer, scheduler, latents[batch_index].to(device), grades[batch_index].to(device),
-                                  masks[batch_index].to(device), depths[batch_index].to(device),
-                                  generator=generator, label_dropout=config.label_dropout)
+            with autocast(device, config.amp):
+                loss = diffusion_loss(trainer, scheduler, latents[batch_index].to(device),
+                                      grades[batch_index].to(device), masks[batch_index].to(device),
+                                      depths[batch_index].to(device), generator=generator,
+                                      label_dropout=config.label_dropout).float()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -122,7 +132,8 @@ def main(argv=None) -> int:
             total += float(loss.detach())
             if step % config.checkpoint_every_steps == 0:
                 checkpoint(epoch)
-            if clock.out_of_time():
+            steps_this_run += 1
+            if clock.out_of_time() or (args.max_steps is not None and steps_this_run >= args.max_steps):
                 stopped_early = True
                 break
         record = {"epoch": epoch, "step": step, "elapsed_s": round(elapsed_before + clock.elapsed, 1),

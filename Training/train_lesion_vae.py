@@ -11,6 +11,14 @@ the schedule completes within its wall-time budget -- the model card records it)
     python Training/train_lesion_vae.py --data slices_64.npz --out runs/vae --time-budget-min 25
     torchrun --nproc_per_node 4 Training/train_lesion_vae.py --data ... --out ...   # DDP
 
+Paper resolution (240 x 240 slices, [32 x 30 x 30] latents): ``--config
+Training/configs/lesion_paper_240.json`` trains on random ``crop_size`` crops of the full slices
+(the networks are fully convolutional, applied at full size; held-out metrics are computed on
+whole 240 x 240 slices), with the widths of that file; ``--device cuda``, ``amp`` (bfloat16
+autocast on CUDA), ``checkpoint_dtype="bfloat16"`` for small checkpoints, ``--resume-from`` to
+continue one across sessions, ``--max-steps`` to stop after N steps. The README's lesion section
+has the exact commands.
+
 Outputs in ``--out``: checkpoint.safetensors (resume), lesion_vae.safetensors (weights),
 lesion_vae.json (model card), log.jsonl.
 """
@@ -25,9 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lesion_training_common import (WallClock, add_common_arguments, build_config, epoch_batches,  # noqa: E402
-                                    log_line, reduce_mean, resume_state, save_checkpoint, setup_distributed,
-                                    wrap_ddp)
+from lesion_training_common import (WallClock, add_common_arguments, autocast, build_config,  # noqa: E402
+                                    epoch_batches, log_line, random_crops, reduce_mean, resume_state,
+                                    save_checkpoint, setup_distributed, wrap_ddp)
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,10 @@ class VAETrainingConfig:
     test_fraction: float = 0.2
     checkpoint_every_steps: int = 100
     horizontal_flip: bool = True
+    crop_size: int = 0
+    amp: bool = False
+    checkpoint_dtype: str = "float32"
+    eval_max_slices: int = 0
 
 
 def load_split(data_path: Path, split_seed: int, test_fraction: float, image_size: int):
@@ -70,7 +82,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_arguments(parser)
     args = parser.parse_args(argv)
-    config = build_config(VAETrainingConfig, args)
+    config = build_config(VAETrainingConfig, args, section="vae")
+    if config.crop_size % 8 or config.image_size % 8:
+        raise SystemExit("image_size and crop_size must be multiples of 8")
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world_size, device = setup_distributed(args.device)
@@ -95,9 +109,13 @@ def main(argv=None) -> int:
         if rank == 0:
             save_checkpoint(checkpoint_path, model, optimizer,
                             {"epoch": epoch_done, "step": step, "history": history, "config": asdict(config),
-                             "elapsed_s": elapsed_before + clock.elapsed})
+                             "elapsed_s": elapsed_before + clock.elapsed}, dtype=config.checkpoint_dtype)
 
     stopped_early = False
+    steps_this_run = 0
+    import time
+
+    step_clock = time.perf_counter()
     while epoch < config.epochs and not stopped_early:
         model.train()
         alpha_v = alpha_v_schedule(epoch, config.alpha_initial, config.halve_every, config.alpha_minimum)
@@ -106,22 +124,29 @@ def main(argv=None) -> int:
             x, m = images[batch_index], masks[batch_index]
             if config.horizontal_flip and torch.rand(1, generator=generator).item() < 0.5:
                 x, m = x.flip(-2), m.flip(-2)
+            x, m = random_crops(generator, config.crop_size, x, m)
             x, m = x.to(device), m.to(device)
-            loss, parts = lesion_vae_loss(trainer(x, m, None), x, alpha_v, model_config.kl_weight)
+            with autocast(device, config.amp):
+                outputs = trainer(x, m, None)
+            outputs = {k: v.float() for k, v in outputs.items()}
+            loss, parts = lesion_vae_loss(outputs, x, alpha_v, model_config.kl_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             step += 1
             done += 1
+            steps_this_run += 1
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + value
             if step % config.checkpoint_every_steps == 0:
                 checkpoint(epoch)
-            if clock.out_of_time():
+            if clock.out_of_time() or (args.max_steps is not None and steps_this_run >= args.max_steps):
                 stopped_early = True
                 break
         count = max(1, done)
-        record = {"epoch": epoch, "step": step, "elapsed_s": round(elapsed_before + clock.elapsed, 1)}
+        record = {"epoch": epoch, "step": step, "elapsed_s": round(elapsed_before + clock.elapsed, 1),
+                  "seconds_per_step": round((time.perf_counter() - step_clock) / count, 3)}
+        step_clock = time.perf_counter()
         record.update({k: round(reduce_mean(v / count, world_size), 6) for k, v in sums.items()})
         if not stopped_early:
             history.append(record)
@@ -132,6 +157,8 @@ def main(argv=None) -> int:
 
     if rank == 0:
         model.eval()
+        if config.eval_max_slices and len(test) > config.eval_max_slices:
+            test = test.subset(np.linspace(0, len(test) - 1, config.eval_max_slices).astype(int))
         with torch.no_grad():
             x = torch.from_numpy(test.images[:, None]).to(device)
             m = torch.from_numpy(test.masks[:, None].astype(np.float32)).to(device)

@@ -5,13 +5,18 @@ while the lesion's latent is kept (paper: lesion-preserving VAE + latent diffusi
 ``--exact-lesion`` the lesion voxels are also copied from the input bit for bit (checked before
 anything is written). LESION_MASK is a labelmap on the input's grid in any readable format; every
 nonzero label is lesion. An empty mask is refused unless ``--allow-empty-lesion`` is given.
+
+A whole-head input (skull and face; detected, or ``--input-kind head``) gets a brain mask
+(``--brain-mask`` or ``--brain-backend``), the brain is regenerated inside it and everything outside
+it is treated by ``--face-method`` (default ``remodel``: CP-GAN); ``none`` keeps the face and warns.
+A skull-stripped input stays brain-only.
 """
 import argparse
 from pathlib import Path
 
-from .common import (add_bids_sidecar_argument, add_device_argument, add_input_argument, add_plausibility_argument,
-                     add_quiet_argument, add_series_uid_argument, load_input, plausibility_checks_on,
-                     stage_bids_sidecar)
+from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_device_argument, add_input_argument,
+                     add_plausibility_argument, add_quiet_argument, add_series_uid_argument, load_input,
+                     load_user_brain_mask, plausibility_checks_on, stage_bids_sidecar)
 
 
 def add_parser(subparsers) -> None:
@@ -44,6 +49,19 @@ def add_parser(subparsers) -> None:
                         help="accept a mask without lesion (every slice is then remodeled)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is often fastest on a busy machine)")
+    from ..pipelines.lesion_head import FACE_METHODS, INPUT_KINDS
+    from ..transforms.brain_mask import BACKENDS
+
+    parser.add_argument("--face-method", choices=FACE_METHODS, default="remodel",
+                        help="whole-head input: treatment outside the brain (default remodel = CP-GAN face "
+                             "remodeling; reface or a removal method; none keeps the identifiable face)")
+    parser.add_argument("--input-kind", choices=INPUT_KINDS, default="auto",
+                        help="head (skull and face present) or brain (skull-stripped); default: detected")
+    add_brain_mask_argument(parser)
+    parser.add_argument("--brain-backend", choices=BACKENDS, default="auto",
+                        help="brain-mask backend for a whole-head input without --brain-mask (default auto = hdbet)")
+    parser.add_argument("--no-match-appearance", action="store_true",
+                        help="keep the model's intensities and smoothness (no histogram/sharpness matching)")
     add_series_uid_argument(parser)
     add_device_argument(parser)
     add_plausibility_argument(parser)
@@ -59,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, SourceRepulsionConfig, anonymize_lesions
     from AnonMRILib.progress import TqdmProgress
 
-    inputs = [args.input, args.lesion_mask, args.weights]
+    inputs = [args.input, args.lesion_mask, args.weights, args.brain_mask]
     check_output_path(args.output, [p for p in inputs if p is not None])
     if not 1 <= args.steps <= 1000:
         raise InputError(f"--steps must be between 1 and 1000, got {args.steps}")
@@ -76,14 +94,17 @@ def run(args: argparse.Namespace) -> int:
         from AnonMRILib.transforms.plausibility import check_lesion_mask
 
         check_lesion_mask(volume, lesion_mask, allow_empty=args.allow_empty_lesion)
+    brain_mask = load_user_brain_mask(args, volume)
     config = LesionAnonymizationConfig(steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",
                                        repulsion=repulsion, exact_lesion=args.exact_lesion, grade=args.grade,
-                                       allow_empty_lesion=args.allow_empty_lesion)
+                                       allow_empty_lesion=args.allow_empty_lesion, input_kind=args.input_kind,
+                                       face_method=args.face_method, brain_backend=args.brain_backend,
+                                       match_appearance=not args.no_match_appearance)
     with TqdmProgress("lesion", disable=args.quiet) as progress:
         output = anonymize_lesions(volume, lesion_mask, config, weights=args.weights, device=args.device,
-                                   seed=args.seed, progress=progress)
+                                   seed=args.seed, progress=progress, brain_mask=brain_mask)
     with OutputTransaction() as outputs:
-        outputs.add_volume(output, args.output, like=volume, protect=inputs)
+        outputs.add_volume(output, args.output, like=volume, protect=[p for p in inputs if p is not None])
         stage_bids_sidecar(outputs, args, args.output, "lesion")
     if not args.quiet:
         kept = "lesion voxels verified identical to the input" if args.exact_lesion else "lesion latent verified unchanged"

@@ -300,18 +300,26 @@ class NoiseSchedule:
 def sample_latents(model: ConditionalLatentUNet, class_labels: torch.Tensor, lesion_mask: torch.Tensor,
                    depths: torch.Tensor, steps: int = 10, sampler: str = "ddim",
                    generator: Optional[torch.Generator] = None,
-                   progress: Optional[Callable[[float, str], None]] = None) -> torch.Tensor:
+                   progress: Optional[Callable[[float, str], None]] = None,
+                   initial_noise: Optional[torch.Tensor] = None,
+                   step_hook: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
     """Draw background latents (standardised units) given the conditions, from N(0, I) noise.
 
     ``sampler="ddim"`` runs ``steps`` deterministic DDIM steps; ``sampler="ddpm"`` the full
     T-step ancestral chain (``steps`` ignored). All noise comes from ``generator`` on the CPU, so
     the same seed gives the same latents on CPU and CUDA (up to floating-point differences).
+    ``initial_noise``: z_T to start from instead of a draw (e.g. correlated along depth);
+    ``step_hook(step index, z)`` -> z: called after every step (e.g. an inpainting-style blend with
+    a neighbouring slice's trajectory); its return value continues the chain.
     """
     config = model.config
     device = lesion_mask.device
     batch = lesion_mask.shape[0]
     shape = (batch, config.latent_channels, config.latent_size, config.latent_size)
-    z = torch.randn(shape, generator=generator, device="cpu").to(device)
+    if initial_noise is not None:
+        z = initial_noise.to(device)
+    else:
+        z = torch.randn(shape, generator=generator, device="cpu").to(device)
     schedule = NoiseSchedule(config)
     if sampler == "ddim":
         timesteps = schedule.ddim_timesteps(steps)
@@ -324,6 +332,8 @@ def sample_latents(model: ConditionalLatentUNet, class_labels: torch.Tensor, les
         t_batch = torch.full((batch,), t, device=device, dtype=torch.long)
         eps = model.denoise(z, t_batch, conditions)
         z = schedule.ddim_step(eps, t, z, steps) if sampler == "ddim" else schedule.ddpm_step(eps, t, z, generator)
+        if step_hook is not None:
+            z = step_hook(index, z)
         if progress is not None:
             progress((index + 1) / len(timesteps), f"denoising step {index + 1}/{len(timesteps)}")
     return z

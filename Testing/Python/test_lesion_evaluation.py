@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from lesion_fixtures import save_tiny_weights
 from test_lesion_training import tiny_data
@@ -34,6 +35,11 @@ def test_evaluate_lesion_tiny_end_to_end(tmp_path):
     for row in rows.values():
         assert row["median_area_ratio"] >= 0.0 and 0.0 <= row["fraction_area_below_60"] <= 1.0
     assert rows["horizontal_flip"]["median_area_ratio"] == 1.0 and rows["horizontal_flip"]["median_brightness_ratio"] == 1.0
+    for row in rows.values():  # realism guard next to every anonymity rate
+        assert 0.0 <= row["rate_anonymized_and_realistic"] <= min(row["rate_random"], row["fraction_realistic"])
+        assert "median_volume_sharpness_ratio" in row and "fraction_sharpness_ok" in row
+    assert rows["horizontal_flip"]["median_sharpness_ratio"] == 1.0 and rows["gaussian_blur"]["median_sharpness_ratio"] < 0.8
+    assert rows["gaussian_blur"]["rate_anonymized_and_realistic"] == 0.0
     heads = results["anonymity"]["head_analysis"]
     assert set(heads) == set(rows) - {"latent diffusion + exact lesion", "gaussian_blur", "horizontal_flip",
                                       "crop_resize", "noise_0.1", "noise_0.5"}
@@ -51,6 +57,7 @@ def test_evaluate_lesion_tiny_end_to_end(tmp_path):
     report = (out / "README.md").read_text()
     assert "Table 7 analogue" in report and "Tables 4 and 5 analogues" in report and "Adam lr 0.003" in report
     assert "of 3 background draws, the typical one least like x_i" in report and "Failure analysis by base head" in report
+    assert "anonymized and realistic" in report
     assert (out / "anonymity_rates.png").is_file() and (out / "examples.png").is_file()
 
 
@@ -89,3 +96,55 @@ def test_segmentation_utility_model_learns_a_separable_lesion():
     model = evaluate_lesion.train_segmentation(images[:48], masks[:48], steps=300, seed=0)
     scores = evaluate_lesion.segmentation_scores(model, images[48:], masks[48:])
     assert scores["iou_tumour"] > 0.5, scores
+
+
+def test_consistency_part_reports_real_independent_and_consistent(tmp_path, monkeypatch):
+    """evaluate_lesion's consistency part on two tiny volumes (the heads are replaced by a fixture)."""
+    import argparse
+
+    import evaluate_lesion
+
+    from lesion_fixtures import TINY_SIZE, tiny_models
+
+    rng = np.random.default_rng(0)
+    volumes = []
+    for _ in range(2):
+        brain = np.zeros((TINY_SIZE, TINY_SIZE, 12), bool)
+        brain[6:26, 6:26, 2:10] = True
+        image = np.where(brain, 0.4 + 0.1 * rng.random(brain.shape), 0.0).astype(np.float32)
+        labels = np.zeros(brain.shape, np.uint8)
+        labels[12:16, 12:16, 4:8] = 1
+        volumes.append((image, labels, brain))
+    monkeypatch.setattr(evaluate_lesion, "generated_volumes", lambda args, size: volumes)
+    from AnonMRILib.pipelines.lesion import SourceRepulsionConfig
+
+    args = argparse.Namespace(steps=1, seed=0, out=tmp_path)
+    result = evaluate_lesion.consistency(args, tiny_models(), SourceRepulsionConfig(candidates=2))
+    assert result["volumes"] == 2 and result["slices"] == 16
+    for name in ("independent", "consistent"):
+        assert result[name]["real"] == pytest.approx(result["consistent"]["real"])
+        assert len(result[name]["per_volume_generated"]) == 2
+    evaluate_lesion.write_report(tmp_path, {"consistency": result})
+    assert "adjacent-slice correlation" in (tmp_path / "README.md").read_text()
+    assert (tmp_path / "consistency.png").is_file()
+
+
+def test_real_case_helpers_resample_and_head_metrics():
+    """The whole-head real case: resampling to more slices keeps the extent; identical output scores
+    Dice 1 and sharpness ratio 1, a blurred brain a lower sharpness ratio."""
+    import evaluate_lesion
+    from scipy import ndimage
+
+    from test_lesion_head import head_with_lesion
+
+    head, lesion, brain = head_with_lesion()
+    longer = evaluate_lesion.resample_slices(head, 28, 1)
+    assert longer.shape == (44, 48, 28) and longer.dtype == head.dtype
+    first = lambda v: v.affine[:3, :3] @ np.array([0, 0, -0.5]) + v.affine[:3, 3]  # noqa: E731 (slab edge)
+    assert np.allclose(first(longer), first(head))
+    inside, in_lesion = brain.array != 0, lesion.array != 0
+    same = evaluate_lesion.head_metrics(head, head, inside, in_lesion)
+    assert same["head_outline_dice"] == 1.0 and same["sharpness_ratio_volume"] == pytest.approx(1.0)
+    blurred = head.with_array(np.where(inside, ndimage.gaussian_filter(head.array.astype(float), (2, 2, 0)),
+                                       head.array).astype(head.dtype))
+    assert evaluate_lesion.head_metrics(head, blurred, inside, in_lesion)["sharpness_ratio_volume"] < 0.8

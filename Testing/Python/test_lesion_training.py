@@ -48,3 +48,65 @@ def test_vae_and_diffusion_training_resume_and_cards(tmp_path):
     unet, scale, shift = load_lesion_diffusion(diffusion_out / "lesion_diffusion.safetensors")
     card = json.loads((diffusion_out / "lesion_diffusion.json").read_text())
     assert unet.config.latent_size == 4 and scale > 0 and card["latent_scale"] == scale and card["steps"] == 2
+
+
+def test_crop_training_config_sections_compact_checkpoint_and_resume_from(tmp_path):
+    """Paper-resolution machinery on a tiny model: random crops of full slices, the config file's
+    "vae" section, bfloat16 checkpoints half the size, --resume-from a copied checkpoint, --max-steps."""
+    import shutil
+
+    import torch
+
+    import train_lesion_vae
+    from lesion_training_common import build_config, random_crops
+
+    data = tmp_path / "slices.npz"
+    tiny_data(data)
+    config_file = tmp_path / "paper.json"
+    config_file.write_text(json.dumps({"_comment": "x", "vae": {"image_size": 32, "channels": [8, 8, 16],
+                                                                  "latent_channels": 4, "batch_size": 8,
+                                                                  "crop_size": 16, "eval_max_slices": 3},
+                                       "diffusion": {"epochs": 3}}))
+    common = ["--data", str(data), "--config", str(config_file), "--threads", "1", "--device", "cpu"]
+    full, compact = tmp_path / "full", tmp_path / "compact"
+    assert train_lesion_vae.main([*common, "--out", str(full), "--max-steps", "1"]) == 0
+    assert train_lesion_vae.main([*common, "--out", str(compact), "--max-steps", "1",
+                                  "--set", "checkpoint_dtype=bfloat16"]) == 0
+    card = json.loads((compact / "lesion_vae.json").read_text())
+    assert card["training"]["crop_size"] == 16 and card["steps"] == 1 and card["test_slices"] == 3
+    assert card["config"]["image_size"] == 32  # trained on 16 px crops, evaluated on whole 32 px slices
+    size_full = (full / "checkpoint.safetensors").stat().st_size
+    assert (compact / "checkpoint.safetensors").stat().st_size < 0.6 * size_full
+    committed = tmp_path / "committed.safetensors"
+    shutil.copy(compact / "checkpoint.safetensors", committed)
+    later = tmp_path / "later"
+    assert train_lesion_vae.main([*common, "--out", str(later), "--max-steps", "2", "--resume-from", str(committed)]) == 0
+    assert json.loads((later / "lesion_vae.json").read_text())["steps"] == 3
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.arange(2 * 32 * 32, dtype=torch.float32).reshape(2, 1, 32, 32)
+    crops_x, crops_m = random_crops(generator, 8, x, x + 0.5)
+    assert crops_x.shape == (2, 1, 8, 8) and torch.equal(crops_m, crops_x + 0.5)
+    assert random_crops(generator, 0, x)[0] is x
+
+    class Args:  # the "diffusion" section, with --set on top
+        config, set = config_file, ["epochs=5"]
+    import train_lesion_diffusion
+
+    assert build_config(train_lesion_diffusion.DiffusionTrainingConfig, Args, section="diffusion").epochs == 5
+    Args.set = []
+    assert build_config(train_lesion_diffusion.DiffusionTrainingConfig, Args, section="diffusion").epochs == 3
+
+
+def test_paper_config_file_is_valid_for_both_scripts():
+    import train_lesion_diffusion
+    import train_lesion_vae
+    from lesion_training_common import build_config
+
+    class Args:
+        config, set = TRAINING / "configs" / "lesion_paper_240.json", []
+
+    vae = build_config(train_lesion_vae.VAETrainingConfig, Args, section="vae")
+    assert vae.image_size == 240 and vae.image_size // 8 == 30 and 2 * vae.latent_channels == 32
+    assert vae.crop_size % 8 == 0 and vae.channels == (32, 64, 128)
+    assert build_config(train_lesion_diffusion.DiffusionTrainingConfig, Args, section="diffusion").epochs > 0
