@@ -37,16 +37,25 @@ logger = logging.getLogger(__name__)
 LIBRARY_ROOT = Path(__file__).resolve().parents[1]
 
 #: every method of the study, in the order of the paper's Figure 4
-ALL_METHODS = ("ORIGINAL", "BLURRED", "FACE-MASK", "DEFACE", "QUICKSHEAR", "CP-GAN", "BLACK", "SKULLSTRIP")
+#: (REFACE, the average head placed from the brain mask and hull, where the library has it)
+ALL_METHODS = ("ORIGINAL", "BLURRED", "FACE-MASK", "DEFACE", "QUICKSHEAR", "CP-GAN", "REFACE", "BLACK",
+               "SKULLSTRIP")
 #: study name -> ``AnonMRILib.pipelines.baselines.deface`` method
 REMOVAL_METHODS = {"FACE-MASK": "facemask", "DEFACE": "deface", "QUICKSHEAR": "quickshear",
-                   "SKULLSTRIP": "skullstrip"}
+                   "SKULLSTRIP": "skullstrip", "REFACE": "reface"}
 #: methods that change the volume (the brain-analysis agreement is computed for these)
-VOLUME_METHODS = ("FACE-MASK", "DEFACE", "QUICKSHEAR", "CP-GAN", "SKULLSTRIP")
+VOLUME_METHODS = ("FACE-MASK", "DEFACE", "QUICKSHEAR", "CP-GAN", "REFACE", "SKULLSTRIP")
 #: methods whose renderings are derived from the ORIGINAL rendering (2-D controls)
 RENDERING_METHODS = ("BLURRED", "BLACK")
 #: the cache layout version; bump when what is cached changes meaning
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+
+
+def library_has_reface() -> bool:
+    """Whether ``AnonMRILib.pipelines.baselines.deface`` offers the ``"reface"`` method."""
+    from ..pipelines.baselines import REMOVAL_METHODS as LIBRARY_METHODS
+
+    return "reface" in LIBRARY_METHODS
 
 
 @dataclass
@@ -79,6 +88,16 @@ class EvaluationConfig:
     max_shift_px: int = 3
     intensity_jitter: float = 0.1
     hard_negatives: bool = True
+    # Siamese attacker's subjects: 0 = resampled 80/20 splits of the studied subjects (the paper);
+    # N > 0 = N further subjects per head (ORIGINAL renderings only), resampled per split, and every
+    # studied subject is attacked (enough subjects per head for the within-head study)
+    attacker_subjects_per_head: int = 0
+    # open face recognizer (dlib): views (azimuth, elevation in degrees), size of each view in pixels
+    recognizer: bool = True
+    recognizer_views: List[List[float]] = field(default_factory=lambda: [[0.0, 0.0], [25.0, 0.0], [-25.0, 0.0],
+                                                                         [0.0, 10.0]])
+    recognizer_render_size: int = 128
+    recognizer_upsample: int = 1
     # studies
     n_splits: int = 5
     test_fraction: float = 0.2
@@ -90,6 +109,8 @@ class EvaluationConfig:
     # brain-analysis agreement
     tissue_scans: int = 8
     brain_mask_backend: str = "auto"
+    # population: face-shape identity variation (MakeHuman targets; 0 = off)
+    face_shape_amplitude: float = 0.0
     # CP-GAN
     cpgan_weights: Optional[str] = None
     remodel_seed: int = 0
@@ -187,6 +208,9 @@ class Anonymizers:
         self.cpgan_note = ""
         if "CP-GAN" in config.methods:
             self.cpgan_weights = self._find_cpgan_weights()
+        self.reface = "REFACE" in config.methods and library_has_reface()
+        self.reface_note = ("" if self.reface or "REFACE" not in config.methods
+                            else "REFACE left out: AnonMRILib.pipelines.baselines has no 'reface' method")
 
     def _find_cpgan_weights(self) -> Optional[Path]:
         """The weights asked for (which must exist), else the shipped ones, else None (left out)."""
@@ -203,6 +227,8 @@ class Anonymizers:
         return None
 
     def available(self, method: str) -> bool:
+        if method == "REFACE":
+            return self.reface
         return method != "CP-GAN" or self.cpgan_weights is not None
 
     def fingerprint(self, method: str) -> str:
@@ -212,6 +238,9 @@ class Anonymizers:
             return f"CP-GAN:{self._cpgan_sha}:{self.config.remodel_seed}"
         if method == "DEFACE":
             return f"DEFACE:{self.config.deface_registration_spacing_mm}"
+        if method == "REFACE":
+            code = [LIBRARY_ROOT / "pipelines" / "reface.py", LIBRARY_ROOT / "transforms" / "anatomical_prior.py"]
+            return "REFACE:" + fingerprint([sha256_of(f) for f in code if f.is_file()])
         return method
 
     def apply(self, method: str, volume: Volume, brain: Volume) -> Volume:
@@ -242,20 +271,41 @@ def rendering_config(config: EvaluationConfig):
                                image_size=config.render_size, device=device)
 
 
+def recognizer_rendering_config(config: EvaluationConfig):
+    """The canonical frame of the recognizer's views: the Siamese frame at ``recognizer_render_size``."""
+    from dataclasses import replace
+
+    return replace(rendering_config(config), image_size=int(config.recognizer_render_size))
+
+
+def views_key(method: str) -> str:
+    """Cache / renderings key of a method's recognizer views."""
+    return f"{method}@views"
+
+
 def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_tissue: bool,
                  cache_dir: Path, cache_key: str, timings: Optional[Dict[str, float]] = None,
                  tissue_key: Optional[str] = None
                  ) -> Tuple[Dict[str, np.ndarray], Optional[Dict]]:
     """Renderings of every available method for one scan (+ tissue agreement when asked), cached.
 
+    Returns ``{method: (render_size, render_size) float32}`` and, with ``config.recognizer``,
+    ``{views_key(method): (V, S, S) uint8}`` (the recognizer's views, :func:`views_key`).
     ``timings`` (when given) receives the seconds spent per method (anonymize + render) and in the
     tissue segmentations.
     """
     timings = {} if timings is None else timings
     tissue_key = tissue_key or cache_key
-    from .face_renderings import blur_rendering, head_centre, render_canonical_face
+    from .face_renderings import blur_rendering, head_centre, render_canonical_face, render_canonical_views
 
     render_config = rendering_config(config)
+    views_config = recognizer_rendering_config(config)
+    views = [tuple(v) for v in config.recognizer_views]
+
+    def render_views(volume: Volume, centre) -> np.ndarray:
+        images = render_canonical_views(volume, centre, views_config, views)
+        return np.round(np.clip(images, 0.0, 1.0) * 255.0).astype(np.uint8)
+
     render_path = cache_dir / "renderings" / f"{scan.scan_id}.npz"
     meta_path = render_path.with_suffix(".json")
     tissue_path = cache_dir / "tissue" / f"{scan.scan_id}.json"
@@ -265,10 +315,10 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
         stored_meta = json.loads(meta_path.read_text())
         if stored_meta.get("_key") == cache_key:
             with np.load(render_path) as stored:
-                for method, fingerprint in stored_meta.items():
+                for method, stored_fingerprint in stored_meta.items():
                     if method != "_key" and method in stored.files:
                         renderings[method] = stored[method]
-                        meta[method] = fingerprint
+                        meta[method] = stored_fingerprint
     tissue: Dict = {}
     if tissue_path.is_file():
         stored_tissue = json.loads(tissue_path.read_text())
@@ -277,25 +327,35 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
     tissue.setdefault("_key", tissue_key)
 
     wanted = [m for m in config.methods if anonymizers.available(m)]
+
+    def stale(method: str) -> bool:
+        wanted_fingerprint = anonymizers.fingerprint(method)
+        return (meta.get(method) != wanted_fingerprint
+                or (config.recognizer and meta.get(views_key(method)) != wanted_fingerprint))
+
     needs_volume = [m for m in wanted if m in VOLUME_METHODS
-                    and (meta.get(m) != anonymizers.fingerprint(m)
-                         or (do_tissue and tissue.get(m, {}).get("_method") != anonymizers.fingerprint(m)))]
-    if "ORIGINAL" not in renderings or needs_volume:
+                    and (stale(m) or (do_tissue and tissue.get(m, {}).get("_method") != anonymizers.fingerprint(m)))]
+    if stale("ORIGINAL") or needs_volume:
         centre = head_centre(scan.volume)
         if "ORIGINAL" not in renderings:
             renderings["ORIGINAL"] = render_canonical_face(scan.volume, centre, render_config)
             meta["ORIGINAL"] = "ORIGINAL"
+        if config.recognizer and views_key("ORIGINAL") not in renderings:
+            renderings[views_key("ORIGINAL")] = render_views(scan.volume, centre)
+            meta[views_key("ORIGINAL")] = "ORIGINAL"
         original_labels = None
         for method in needs_volume:
             started = time.time()
             anonymized = anonymizers.apply(method, scan.volume, scan.brain_mask)
-            if meta.get(method) != anonymizers.fingerprint(method):
+            if stale(method):
                 renderings[method] = render_canonical_face(anonymized, centre, render_config)
                 meta[method] = anonymizers.fingerprint(method)
+                if config.recognizer:
+                    renderings[views_key(method)] = render_views(anonymized, centre)
+                    meta[views_key(method)] = anonymizers.fingerprint(method)
             timings[method] = time.time() - started
             if do_tissue and tissue.get(method, {}).get("_method") != anonymizers.fingerprint(method):
-                from .tissue_segmentation import (TissueSegmentationConfig,
-                                                                       segment_tissues, tissue_agreement)
+                from .tissue_segmentation import TissueSegmentationConfig, segment_tissues, tissue_agreement
 
                 tissue_config = TissueSegmentationConfig(brain_mask_backend=config.brain_mask_backend)
                 if original_labels is None:
@@ -309,9 +369,18 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
     if "BLURRED" in wanted:
         renderings["BLURRED"] = blur_rendering(renderings["ORIGINAL"], config.blur_sigma_px)
         meta["BLURRED"] = "BLURRED"
+        if config.recognizer:
+            # the same blur relative to the face: sigma scales with the image size
+            sigma = config.blur_sigma_px * config.recognizer_render_size / config.render_size
+            blurred = np.stack([blur_rendering(v / 255.0, sigma) for v in renderings[views_key("ORIGINAL")]])
+            renderings[views_key("BLURRED")] = np.round(np.clip(blurred, 0, 1) * 255).astype(np.uint8)
+            meta[views_key("BLURRED")] = "BLURRED"
     if "BLACK" in wanted:
         renderings["BLACK"] = np.zeros_like(renderings["ORIGINAL"])
         meta["BLACK"] = "BLACK"
+        if config.recognizer:
+            renderings[views_key("BLACK")] = np.zeros_like(renderings[views_key("ORIGINAL")])
+            meta[views_key("BLACK")] = "BLACK"
     render_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = render_path.with_name(render_path.stem + ".tmp.npz")
     np.savez_compressed(tmp, **renderings)
@@ -360,7 +429,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
     says so), kept in ``privacy.json`` too."""
     from ..datasets.population import PopulationConfig, generate_population
     from ..rendering import save_png
-    from .privacy_attacks import attacker_training_config, run_attacks
+    from .privacy_attacks import attacker_training_config, run_attacks, run_open_recognizer
     from .privacy_report import (evaluation_goals, markdown_report, plot_identification, plot_losses,
                                  plot_top_alpha, rendering_grid, summarise_tissue)
 
@@ -372,7 +441,7 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
                                          scans_per_subject=config.scans_per_subject, seed=config.population_seed)
     heads = load_heads(config)
     anonymizers = Anonymizers(config)
-    notes = [anonymizers.cpgan_note] if anonymizers.cpgan_note else []
+    notes = [n for n in (anonymizers.cpgan_note, anonymizers.reface_note) if n]
     if anonymizers.cpgan_weights is not None:
         notes.append(f"CP-GAN weights: {anonymizers.cpgan_weights.name} "
                      f"(SHA-256 {sha256_of(anonymizers.cpgan_weights)[:16]}...)")
@@ -391,8 +460,9 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
                                int(np.asarray(h.brain_mask.array).sum())]) for h in heads]
     # a scan depends on (seed, head, subject index, scan index), not on how many subjects there are
     population_values = {k: v for k, v in population_config.to_dict().items() if k != "subjects_per_head"}
+    recognizer_values = ([config.recognizer_views, config.recognizer_render_size] if config.recognizer else None)
     population_key = fingerprint([CACHE_VERSION, head_keys, population_values,
-                                   asdict(rendering_config(config)), config.brain_mask_backend])
+                                  asdict(rendering_config(config)), config.brain_mask_backend, recognizer_values])
     tissue_key = fingerprint([population_key, brain_extraction_fingerprint()])
     subject_ids = sorted({f"{h.name}-s{i:04d}" for h in heads for i in range(config.subjects_per_head)})
     tissue_rng = np.random.default_rng(config.seed)
@@ -412,15 +482,20 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
         records.append({"subject": scan.subject_id, "scan": scan.scan_id, "head": scan.head})
         for method in methods:
             stacks[method].append(renderings[method])
+            if config.recognizer:
+                stacks.setdefault(views_key(method), []).append(renderings[views_key(method)])
         if tissue is not None:
             tissue_results.append({"scan": scan.scan_id, **{m: {t: v for t, v in tissue[m].items() if t != "_method"}
                                                            for m in methods if m in tissue}})
         logger.info(f"scan {count + 1}/{total} {scan.scan_id}: {time.time() - scan_started:.1f} s "
              + " ".join(f"{k}={v:.1f}" for k, v in timings.items()))
-    renderings = {m: np.stack(stacks[m]) for m in methods}
+    renderings = {m: np.stack(v) for m, v in stacks.items()}
+    training_pool = attacker_training_pool(heads, population_config, config, anonymizers, work_dir, population_key)
 
-    identification, retrieval, losses, attackers, splits = run_attacks(records, renderings, methods, config,
-                                                                        work_dir, population_key)
+    identification, retrieval, losses, attackers, splits, within_head = run_attacks(
+        records, renderings, methods, config, work_dir, population_key, training_pool)
+    recognizer = (run_open_recognizer(records, {m: renderings[views_key(m)] for m in methods}, methods, config)
+                  if config.recognizer else None)
     agreement = summarise_tissue(tissue_results, [m for m in methods if m in VOLUME_METHODS],
                                  config.brain_mask_backend)
 
@@ -455,9 +530,13 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
 
     result = {
         "identification_rate": identification,
+        "identification_rate_within_head": within_head,
+        "open_recognizer": recognizer,
+        "summary": method_summary(methods, identification, within_head, recognizer),
         "retrieval": retrieval,
         "brain_agreement": {k: v for k, v in agreement.items() if k != "per_scan"},
-        "goals": evaluation_goals(identification, agreement),
+        "goals": evaluation_goals(identification, agreement,
+                                  method_summary(methods, identification, within_head, recognizer)),
         "population": {"heads": [h.name for h in heads], "n_subjects": len(subject_ids),
                        "scans_per_subject": config.scans_per_subject, "config": population_config.to_dict(),
                        "note": "generated subjects from a few real heads, not real different people"},
@@ -480,6 +559,45 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
     return result
 
 
+def attacker_training_pool(heads: Sequence, population_config, config: EvaluationConfig, anonymizers: "Anonymizers",
+                           work_dir: Path, population_key: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """ORIGINAL renderings and subject ids of ``config.attacker_subjects_per_head`` further subjects per
+    head (indices from :data:`ATTACKER_SUBJECT_OFFSET`), or None (attacker trained on splits of the
+    studied subjects)."""
+    from dataclasses import replace
+
+    from ..datasets.population import generate_population
+
+    if config.attacker_subjects_per_head <= 0:
+        return None
+    pool_config = replace(config, methods=["ORIGINAL"], recognizer=False, tissue_scans=0)
+    indices = range(ATTACKER_SUBJECT_OFFSET, ATTACKER_SUBJECT_OFFSET + config.attacker_subjects_per_head)
+    images, subjects = [], []
+    for scan in generate_population(heads, population_config, subject_indices=indices):
+        renderings, _ = process_scan(scan, pool_config, anonymizers, False, work_dir, population_key)
+        images.append(renderings["ORIGINAL"])
+        subjects.append(scan.subject_id)
+    logger.info(f"attacker training pool: {len(images)} ORIGINAL renderings of {len(set(subjects))} subjects")
+    return np.stack(images), np.array(subjects)
+
+
+def method_summary(methods: Sequence[str], identification: Dict, within_head: Dict,
+                   recognizer: Optional[Dict]) -> Dict[str, Dict[str, Optional[float]]]:
+    """Per method: the Siamese 5-way rate and the open recognizer's top-1 / top-5, over all subjects
+    and within base heads (None where not measured)."""
+    summary = {}
+    for method in methods:
+        entry = {"siamese_5way_all": identification.get(method, {}).get("mean"),
+                 "siamese_5way_within_head": within_head.get(method, {}).get("mean")}
+        face = (recognizer or {}).get("methods", {}).get(method, {})
+        for key in ("top1_all", "top5_all", "top1_within_head", "top5_within_head", "detected_fraction"):
+            entry[f"recognizer_{key}"] = face.get(key)
+        summary[method] = entry
+    return summary
+
+
+#: subject indices of the attacker's own training subjects (attacker_subjects_per_head > 0)
+ATTACKER_SUBJECT_OFFSET = 500
 #: subject indices of the reference heads start here, far from the studied subjects 0, 1, ...
 REFERENCE_SUBJECT_OFFSET = 1000
 

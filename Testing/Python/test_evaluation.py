@@ -346,7 +346,7 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
         subjects_per_head=5, n_options=3, working_spacing_mm=6.0, render_grid_size=32, render_size=32, blur_sigma_px=1.0,
         attacker_image_size=32, attacker_channels=[4, 8], attacker_embedding_dim=8, training_steps=4,
         training_batch_size=4, n_splits=2, identification_repeats=2, bootstrap_resamples=50, tissue_scans=1,
-        alpha_points=11)
+        alpha_points=11, recognizer_views=[[0.0, 0.0], [20.0, 0.0]], recognizer_render_size=64)
     out, work = tmp_path / "report", tmp_path / "work"
     result = script.evaluate(config, out, work, save_attacker=tmp_path / "reid.safetensors",
                              save_reference=tmp_path / "reference.npz", reference_count=3)
@@ -365,6 +365,16 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     for name in ("top_alpha", "identification_rate", "renderings_grid", "attacker_loss"):
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.json").is_file()
     assert "| ORIGINAL |" in (out / "report.md").read_text()
+    # the open recognizer beside the Siamese attacker, every method, over all subjects and within heads
+    recognizer = saved["open_recognizer"]
+    assert list(recognizer["methods"]) == methods and recognizer["methods"]["BLACK"]["any_detection_fraction"] == 0
+    for method in methods:
+        entry = saved["summary"][method]
+        assert 0.0 <= entry["recognizer_top1_all"] <= entry["recognizer_top5_all"] <= 1.0
+        assert entry["recognizer_top5_within_head"] == 1.0  # 5 subjects of one head: top-5 of 5
+        assert entry["siamese_5way_within_head"] is not None  # one head: within head = all held-out subjects
+    assert recognizer["calibration"]["same_subject"]["n"] == 5
+    assert "Both attackers" in (out / "report.md").read_text()
     assert SiameseNetwork.load(tmp_path / "reid.safetensors").config.image_size == 32
     with np.load(tmp_path / "reference.npz") as reference:
         assert reference["renderings"].shape == (3, 32, 32) and reference["renderings"].dtype == np.uint8
@@ -378,6 +388,23 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     assert "### Why goals are missed\n\nThe hull *keeps* the outline." in report
     assert json.loads((tmp_path / "report2" / "privacy.json").read_text())["discussion"].startswith("The hull")
     assert "Why goals are missed" not in (out / "report.md").read_text()
+
+
+def test_open_recognizer_gallery_ranks_and_equal_error_threshold():
+    from AnonMRILib.evaluation.privacy_attacks import _threshold_at_equal_error, gallery_ranks
+
+    gallery = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    subjects = np.array(["a", "b", "c"])
+    probes = np.array([[0.1, 0.0], [0.1, 0.0], [np.nan, np.nan]])
+    rng = np.random.default_rng(0)
+    ranks = gallery_ranks(probes, gallery, np.array(["a", "b", "c"]), subjects, rng)
+    assert ranks[0] == 1 and ranks[1] == 2  # only a is nearer to (0.1, 0) than b; c is farther
+    assert 1 <= ranks[2] <= 3  # no face: a random guess
+    faceless_gallery = gallery.copy()
+    faceless_gallery[0] = np.nan
+    assert gallery_ranks(probes[:1], faceless_gallery, np.array(["a"]), subjects, rng)[0] == 3  # ranks last
+    eer = _threshold_at_equal_error(np.array([0.1, 0.12, 0.2]), np.array([0.3, 0.4, 0.15]))
+    assert eer["threshold"] in (0.15, 0.12) and eer["false_match_rate"] <= 1 / 3
 
 
 def test_evaluate_privacy_configuration_errors(tmp_path):
