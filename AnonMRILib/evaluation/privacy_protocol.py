@@ -438,7 +438,8 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
     population_config = PopulationConfig(subjects_per_head=config.subjects_per_head,
-                                         scans_per_subject=config.scans_per_subject, seed=config.population_seed)
+                                         scans_per_subject=config.scans_per_subject, seed=config.population_seed,
+                                         face_shape_amplitude=config.face_shape_amplitude)
     heads = load_heads(config)
     anonymizers = Anonymizers(config)
     notes = [n for n in (anonymizers.cpgan_note, anonymizers.reface_note) if n]

@@ -177,7 +177,7 @@ def _summary_lines(result: Dict) -> List[str]:
              "hull keeps) does not help. **Open recognizer** (dlib HOG detector + ResNet descriptor, trained on "
              "photographs, nothing trained here): top-1 / top-5 rank of the subject in a gallery of ORIGINAL "
              "renderings of every subject's other scan (*all*) or of the subjects of the probe's base head "
-             "(*within head*); best-detected face of several views; a probe without a face gets a random rank.",
+             "(*within head*); mean descriptor of the views with a detected face (else the best-detected view); a probe without a face gets a random rank.",
              ""]
     if recognizer:
         lines += [recognizer["protocol"] + ".", ""]
