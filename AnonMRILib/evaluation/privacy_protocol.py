@@ -527,7 +527,8 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
             "produced_by": "Training/evaluate_privacy.py"})
         logger.info(f"attacker weights written to {save_attacker}")
     if save_reference is not None:
-        write_reference_faces(heads, population_config, config, reference_count, save_reference)
+        threshold = recognizer["calibration"]["equal_error"]["threshold"] if recognizer else None
+        write_reference_faces(heads, population_config, config, reference_count, save_reference, threshold)
 
     result = {
         "identification_rate": identification,
@@ -604,27 +605,50 @@ REFERENCE_SUBJECT_OFFSET = 1000
 
 
 def write_reference_faces(heads: Sequence, population_config, config: EvaluationConfig, count: int,
-                          path: Path) -> Path:
+                          path: Path, recognizer_threshold: Optional[float] = None) -> Path:
     """ORIGINAL renderings of ``count`` extra subjects (scan 0), spread over the heads, as uint8 .npz.
 
     Their subject indices start at :data:`REFERENCE_SUBJECT_OFFSET`, so neither the attacker nor the
-    study ever saw them (nor did CP-GAN, trained on other seeds / indices).
+    study ever saw them (nor did CP-GAN, trained on other seeds / indices). With
+    ``config.recognizer``, also the open recognizer's descriptors (NaN rows: no face) of those
+    subjects and of the real heads themselves (``recognizer_ids``), the views they were made from
+    and the same-person distance threshold calibrated on renderings (``recognizer_threshold``;
+    NaN when not given).
     """
     from ..datasets.population import generate_scan, subject_variation
-    from .face_renderings import head_centre, render_canonical_face
+    from .face_renderings import head_centre, render_canonical_face, render_canonical_views
 
     render_config = rendering_config(config)
-    images, ids = [], []
+    views_config = recognizer_rendering_config(config)
+    views = [tuple(v) for v in config.recognizer_views]
+    images, ids, view_stacks, view_ids = [], [], [], []
     for number in range(count):
         head = heads[number % len(heads)]
         index = REFERENCE_SUBJECT_OFFSET + number // len(heads)
         scan = generate_scan(head, index, 0, population_config, subject_variation(head, index, population_config))
-        images.append(render_canonical_face(scan.volume, head_centre(scan.volume), render_config))
+        centre = head_centre(scan.volume)
+        images.append(render_canonical_face(scan.volume, centre, render_config))
         ids.append(scan.scan_id)
+        if config.recognizer:
+            view_stacks.append(render_canonical_views(scan.volume, centre, views_config, views))
+            view_ids.append(scan.scan_id)
+    extra = {}
+    if config.recognizer:
+        from .face_recognition import FaceRecognizer
+        from .privacy_attacks import describe_all
+
+        for head in heads:
+            view_stacks.append(render_canonical_views(head.volume, head_centre(head.volume), views_config, views))
+            view_ids.append(f"{head.name}-real")
+        descriptors, _ = describe_all(np.stack(view_stacks), FaceRecognizer(upsample=config.recognizer_upsample))
+        extra = {"recognizer_descriptors": descriptors.astype(np.float32), "recognizer_ids": np.array(view_ids),
+                 "recognizer_views": np.array(views, dtype=np.float64),
+                 "recognizer_render_size": np.int64(config.recognizer_render_size),
+                 "recognizer_threshold": np.float64(np.nan if recognizer_threshold is None else recognizer_threshold)}
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(path, renderings=np.round(np.stack(images) * 255).astype(np.uint8), scan_ids=np.array(ids),
                         field_of_view_mm=np.float64(config.field_of_view_mm),
-                        grid_size=np.int64(config.render_grid_size), view=np.array("anterior"))
+                        grid_size=np.int64(config.render_grid_size), view=np.array("anterior"), **extra)
     logger.info(f"{count} reference renderings written to {path}")
     return path
 

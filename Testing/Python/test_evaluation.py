@@ -281,6 +281,45 @@ def test_scan_scores_of_identity_and_of_a_removal(sample, shaved, tmp_path):
     assert broken["brain"]["preserved_fraction"] == 0.0 and broken["brain"]["max_abs_change"] == 1.0
 
 
+def test_verdict_leads_and_explains_contradictions():
+    from AnonMRILib.evaluation.scores import verdict
+
+    recognizer = {"face_found_in_original": True, "face_found_in_anonymized": True, "identified": True,
+                  "distance_to_original": 0.36, "n_references": 20, "nearest_reference_distance": 0.41, "rank": 0}
+    siamese = {"identified": False, "rank": 3, "n_candidates": 21}
+    face = {"voxels": 1000, "changed_fraction": 0.4}
+    text, why = verdict({"face_region": face, "open_recognizer": recognizer, "attacker": siamese,
+                         "anonymity": {"anonymized": True}})
+    assert text.startswith("re-identifiable: the open recognizer puts it 0.36 from the original, nearer than any "
+                           "of 20 reference heads")
+    assert len(why) == 2 and "only the open recognizer" in why[0] and "PSNR criterion counts it anonymized" in why[1]
+    missed = dict(recognizer, identified=False, rank=7)
+    text, why = verdict({"face_region": face, "open_recognizer": missed, "attacker": siamese,
+                         "anonymity": {"anonymized": True}})
+    assert text.startswith("not re-identified by either attacker: the open recognizer puts 7 of 20 reference heads "
+                           "nearer") and why == []
+    text, _ = verdict({"face_region": face, "open_recognizer": dict(missed, face_found_in_anonymized=False),
+                       "attacker": siamese})
+    assert "finds no face" in text
+    text, _ = verdict({"face_region": {"voxels": 1000, "changed_fraction": 0.0}, "open_recognizer": recognizer,
+                       "brain": {"mask_check": {"plausible": False, "reason": "the brain mask is 90% of the head"}}})
+    assert text.startswith("not anonymized: the face region was left unchanged") and "implausible" in text
+
+
+def test_scan_scores_flags_a_whole_head_brain_mask_and_an_unchanged_face(sample):
+    from AnonMRILib.evaluation.scores import scan_scores
+    from AnonMRILib.transforms.head_mask import head_mask_array
+
+    head, brain = sample
+    unchanged = scan_scores(head, head, brain, reference_renderings=False)
+    assert list(unchanged)[0] == "verdict" and unchanged["verdict"].startswith("not anonymized: the face region")
+    assert unchanged["brain"]["mask_check"]["plausible"] is True
+    whole_head = head.with_array(head_mask_array(head.array).astype(np.uint8))
+    flagged = scan_scores(head, head, whole_head, reference_renderings=False)
+    assert flagged["brain"]["mask_check"]["plausible"] is False
+    assert "4575 mL" in flagged["brain"]["mask_check"]["reason"] and "brain mask is implausible" in flagged["verdict"]
+
+
 def test_scan_scores_refuses_mismatched_grids(sample):
     from AnonMRILib.evaluation.scores import scan_scores
 
