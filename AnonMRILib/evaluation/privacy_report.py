@@ -112,7 +112,11 @@ def markdown_report(result: Dict) -> str:
         f"that subject's **other** scan and of one scan of each of {n_options - 1} other held-out subjects; "
         f"the attacker (Siamese network, triplet loss, margin 5, trained on ORIGINAL renderings of the "
         f"training subjects only) picks the closest. Chance = {1 / n_options:.2f}. Mean +- bootstrap s.d. "
-        f"over all trials of {result['retrieval']['n_splits']} resampled 80/20 patient splits.",
+        + (f"over all trials of {result['retrieval']['n_splits']} resampled 80/20 patient splits."
+           if not result["config"].get("attacker_subjects_per_head") else
+           f"over all trials of {result['retrieval']['n_splits']} attackers, each trained on a resampled "
+           f"{1 - result['config']['test_fraction']:.0%} of {result['config']['attacker_subjects_per_head']} further "
+           "subjects per head (never studied); every studied subject is held out."),
         "",
         "| method | identification rate | s.d. | trials | per split |",
         "|---|---|---|---|---|",
