@@ -165,8 +165,17 @@ def scan_seed(seed: int, scan: str) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(scan.encode("utf-8"))) % (2 ** 31)
 
 
+def model_grid_prior(volume, transform) -> np.ndarray:
+    """T(x) of a scan on its model grid in normalised units (S, S, S) float32: placed on the scan's
+    own grid from its brain mask and hull, then resampled as the remodel pipeline does."""
+    from AnonMRILib.transforms.anatomical_prior import prior_from_transform
+
+    prior = prior_from_transform(volume, transform)
+    return transform.normalization.apply(transform.grid.to_model(prior)).astype(np.float32)
+
+
 def build_cache(config: TrainConfig, cache_dir: Path, log=print) -> Dict[str, Any]:
-    """Generate the population and store (gamma, x) per scan; skips scans already cached."""
+    """Generate the population and store (gamma, x[, T]) per scan; skips scans already cached."""
     from safetensors.torch import save_file
 
     from AnonMRILib.datasets.population import PopulationConfig, generate_subject_scans
@@ -200,6 +209,9 @@ def build_cache(config: TrainConfig, cache_dir: Path, log=print) -> Dict[str, An
                                                   seed=scan_seed(config.seed, identifier), keep_model_image=True)
                     tensors = {"gamma": transform.gamma.to(torch.float16).contiguous(),
                                "image": transform.model_image[None].to(torch.float16).contiguous()}
+                    if model_config.uses_prior:
+                        tensors["prior"] = torch.from_numpy(model_grid_prior(scan.volume, transform))[None].to(
+                            torch.float16).contiguous()
                     temporary = path.with_name(path.name + ".tmp")
                     save_file(tensors, str(temporary))
                     temporary.replace(path)
@@ -215,7 +227,8 @@ def build_cache(config: TrainConfig, cache_dir: Path, log=print) -> Dict[str, An
 
 
 class CachedPairs(torch.utils.data.Dataset):
-    """(gamma (3,S,S,S), x (1,S,S,S)) float32 pairs from a cache folder, all held in memory."""
+    """(gamma (3,S,S,S), x (1,S,S,S), T (1,S,S,S) or an empty tensor) float32 from a cache folder,
+    all held in memory."""
 
     def __init__(self, cache_dir: Path) -> None:
         from safetensors.torch import load_file
@@ -225,14 +238,14 @@ class CachedPairs(torch.utils.data.Dataset):
         self.items = []
         for entry in index["scans"]:
             tensors = load_file(str(cache_dir / entry["file"]))
-            self.items.append((tensors["gamma"], tensors["image"]))
+            self.items.append((tensors["gamma"], tensors["image"], tensors.get("prior", torch.zeros(0))))
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, i: int):
-        gamma, image = self.items[i]
-        return gamma.float(), image.float()
+        gamma, image, prior = self.items[i]
+        return gamma.float(), image.float(), prior.float()
 
 
 # --- checkpoints -------------------------------------------------------------------------------
@@ -313,15 +326,24 @@ class SampleRenderer:
         from AnonMRILib.rendering import render_face
 
         self.before = render_face(volume, size=192)
+        self.prior = self.prior_model = None
+        if CPGANConfig.from_dict(config.model).uses_prior:
+            from AnonMRILib.transforms.anatomical_prior import prior_from_transform
+
+            self.prior = prior_from_transform(volume, self.transform)
+            self.prior_model = self.transform.normalization.apply(self.transform.grid.to_model(self.prior))
 
     def render(self, generator, path: Path, seeds: Sequence[int] = (0, 1)) -> None:
-        from AnonMRILib.pipelines.remodel import generate_on_model_grid
+        from AnonMRILib.pipelines.remodel import add_residual, generate_on_model_grid
         from AnonMRILib.rendering import render_face, save_png, side_by_side
 
         images = [self.before]
         for seed in seeds:
-            generated = generate_on_model_grid(generator, self.transform.gamma, seed=seed)
-            after = self.transform.restore(generated, self.volume)
+            generated = generate_on_model_grid(generator, self.transform.gamma, seed=seed, prior=self.prior_model)
+            if self.prior is None:
+                after = self.transform.restore(generated, self.volume)
+            else:
+                after = add_residual(self.prior, generated.numpy() - self.prior_model, self.transform, self.volume)
             images.append(render_face(after, size=192))
         path.parent.mkdir(parents=True, exist_ok=True)
         save_png(side_by_side(images, labels=["original"] + [f"seed {s}" for s in seeds]), path)
@@ -356,15 +378,17 @@ def contiguous_gradients(module) -> None:
             parameter.grad = parameter.grad.contiguous()
 
 
-def random_flip(gamma: torch.Tensor, image: torch.Tensor, rng: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Mirror each sample left-right (model axis 0 = R) with probability 1/2."""
-    flips = torch.rand(gamma.shape[0], generator=rng) < 0.5
-    if flips.any():
-        gamma = gamma.clone()
-        image = image.clone()
-        gamma[flips] = gamma[flips].flip(-3)
-        image[flips] = image[flips].flip(-3)
-    return gamma, image
+def random_flip(tensors: Sequence[torch.Tensor], rng: torch.Generator) -> List[torch.Tensor]:
+    """Mirror each sample of every (N, C, D, H, W) tensor left-right (model axis 0 = R) with
+    probability 1/2, the same samples in every tensor; empty tensors pass through."""
+    flips = torch.rand(tensors[0].shape[0], generator=rng) < 0.5
+    flipped = []
+    for tensor in tensors:
+        if flips.any() and tensor.dim() == 5:
+            tensor = tensor.clone()
+            tensor[flips] = tensor[flips].flip(-3)
+        flipped.append(tensor)
+    return flipped
 
 
 def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str = "auto",
@@ -439,17 +463,18 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
     while step < config.steps and not stop:
         if world > 1:
             sampler.set_epoch(epoch)
-        for gamma, image in loader:
+        for gamma, image, prior in loader:
             if step >= config.steps:
                 break
             tick = time.time()
-            gamma, image = gamma.to(device), image.to(device)
+            gamma, image, prior = gamma.to(device), image.to(device), prior.to(device)
             if config.flip_augmentation:
-                gamma, image = random_flip(gamma, image, rng)
+                gamma, image, prior = random_flip([gamma, image, prior], rng)
             gammas = privacy_pyramid(gamma, scales, generator=rng)
             images = image_pyramid(image, scales)
+            priors = image_pyramid(prior, scales) if model_config.uses_prior else None
             noise = generator.sample_noise(gamma.shape[0], rng, device)
-            fake = g_model(gammas, noise=noise)
+            fake = g_model(gammas, noise=noise, prior_pyramid=priors)
             l1 = remodel_region_l1(fake, images, gammas)
             warmup = step < config.reconstruction_warmup_steps
             set_learning_rate((optimizer_g, optimizer_d), phase_learning_rate(config, warmup))

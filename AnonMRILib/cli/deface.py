@@ -1,7 +1,7 @@
 """``anonmri deface IN OUT --method M``: a removal baseline, keeping every brain voxel.
 
-Methods: quickshear, facemask, deface, skullstrip, blur, black (see
-:mod:`AnonMRILib.pipelines.baselines`). Writes OUT (the input's grid and voxel type, scrubbed
+Methods: quickshear, facemask, deface, skullstrip, blur, black, and reface (the average head
+placed from the brain mask and hull; see :mod:`AnonMRILib.pipelines.baselines`). Writes OUT (the input's grid and voxel type, scrubbed
 header) and a before/after anterior rendering side by side (both at the original's skin level), by default next to OUT as
 ``<stem>_before_after.png``. Both paths are checked before any work; nothing is written unless
 the brain voxels were verified unchanged.
@@ -17,18 +17,20 @@ def add_parser(subparsers) -> None:
     from AnonMRILib.pipelines.baselines import REMOVAL_METHODS
 
     parser = subparsers.add_parser(
-        "deface", help="remove or obscure the face with a baseline method (brain kept exactly)",
+        "deface", help="remove, obscure or replace the face (brain kept exactly)",
         description="De-identify with a removal baseline (QUICKSHEAR, FACE MASK, DEFACE, skull stripping, "
-                    "blur, black) keeping every brain voxel bit for bit; writes a before/after PNG.")
+                    "blur, black) or REFACE (everything outside the brain replaced by an average head placed "
+                    "from the brain mask and convex hull alone), keeping every brain voxel bit for bit; "
+                    "writes a before/after PNG.")
     add_input_argument(parser)
     parser.add_argument("output", type=Path, help="output image (NIfTI, NRRD, MHA, MGZ)")
-    parser.add_argument("--method", choices=REMOVAL_METHODS, required=True, help="removal method")
+    parser.add_argument("--method", choices=REMOVAL_METHODS, required=True, help="removal method, or reface")
     add_brain_mask_argument(parser)
     add_series_uid_argument(parser)
     parser.add_argument("--before-after", type=Path, default=None, metavar="PNG",
                         help="before/after rendering (default: <output stem>_before_after.png next to OUT)")
     parser.add_argument("--no-before-after", action="store_true", help="do not write the before/after PNG")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (DEFACE registration sampling)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (DEFACE registration sampling, REFACE hull)")
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
 

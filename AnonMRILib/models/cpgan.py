@@ -27,6 +27,17 @@ Generator  g_k = G^(k)(up(g_{k-1}), gamma_k), g_0 ~ N(0, 1) at s^3 drawn from a
            with the embedding a nose, eye sockets and mouth appeared within 200 steps (scratch
            runs, README). ``generator_dilations`` optionally dilates the depthwise convolutions of
            the inverted residuals (larger receptive field at the same size).
+Prior      (``prior="average_head"``; ours, the paper has none): G is conditioned on
+           [gamma_k, T_k] and produces g_k = T_k + r_k, where T is the anatomical prior
+           (:mod:`AnonMRILib.transforms.anatomical_prior`: an average head placed from gamma alone)
+           average-pooled to scale k, and r_k the block chain's output (the residual; block 1
+           reads noise, later blocks the upsampled previous residual). The residual's last
+           convolution starts at 0, so an untrained generator returns T. Why: all realism was
+           expected from a generator trained for an hour on a CPU on three heads at 4 mm; the
+           prior brings a whole, smooth, natural head at the input's own resolution and the
+           network only has to learn variation on it. The remodel pipeline adds the residual,
+           brought back to the input grid and smoothed, to T at native resolution.
+           ``prior="none"`` is the paper's generator.
 Discriminator  d_1 = D^(1)(v_S, gamma_S), d_k = D^(k)(down(d_{k-1}), v_k, gamma_k), then a
            fully connected layer F to a scalar. Choice: the features passed between scales have
            several channels (the paper writes 1); down = 2x average pooling.
@@ -56,6 +67,8 @@ from .model_card import JSONConfig
 
 #: sizes S the model supports
 SUPPORTED_SIZES = (16, 32, 64, 128)
+#: the generator's conditioning beyond gamma: none (the paper) or the placed average head T(x)
+PRIORS = ("none", "average_head")
 #: channels of gamma(x) (must match AnonMRILib.transforms.pooling.GAMMA_CHANNELS)
 GAMMA_CHANNELS = 3
 HULL_CHANNEL = 0
@@ -86,7 +99,8 @@ class CPGANConfig(JSONConfig):
     training step of batch 2 costs ~3.5 s on one CPU core with these, 3x more with full depth.
     ``generator_coordinates`` / ``generator_position_channels`` / ``generator_dilations``: the
     position inputs and dilated inverted residuals of the module docstring (off by default, so
-    cards written before they existed load unchanged).
+    cards written before they existed load unchanged). ``prior``: "none" (the paper's generator)
+    or "average_head" (G = T + residual, module docstring).
     """
 
     size: int = 64
@@ -104,8 +118,15 @@ class CPGANConfig(JSONConfig):
     generator_dilations: Tuple[int, ...] = ()
     generator_coordinates: bool = False
     generator_position_channels: int = 0
+    prior: str = "none"
+
+    @property
+    def uses_prior(self) -> bool:
+        return self.prior != "none"
 
     def __post_init__(self) -> None:
+        if self.prior not in PRIORS:
+            raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {self.prior!r}")
         if self.size not in SUPPORTED_SIZES or self.min_size < 1 or self.size % self.min_size:
             raise ValueError(f"CP-GAN size must be one of {SUPPORTED_SIZES} and a multiple of min_size")
         ratio = self.size // self.min_size
@@ -165,22 +186,32 @@ class GeneratorBlock(nn.Module):
 
     def __init__(self, gamma_channels: int, channels: int, depth: int, expansion: int,
                  negative_slope: float, skip: bool, dilations: Sequence[int] = (),
-                 coordinates: bool = False, position_channels: int = 0, size: int = 0) -> None:
+                 coordinates: bool = False, position_channels: int = 0, size: int = 0,
+                 prior: bool = False) -> None:
         super().__init__()
+        self.prior = bool(prior)
         self.skip = bool(skip)
         self.coordinates = bool(coordinates)
         self.position = None
         if position_channels > 0:
             self.position = nn.Parameter(torch.zeros(1, int(position_channels), size, size, size))
-        inputs = 1 + gamma_channels + (3 if self.coordinates else 0) + max(0, int(position_channels))
+        inputs = 1 + gamma_channels + (3 if self.coordinates else 0) + max(0, int(position_channels)) + int(prior)
         self.stem = convolution(inputs, channels, kernel_size=3, negative_slope=negative_slope)
         self.body = inverted_residual_stack(channels, depth, expansion, negative_slope, dilations)
         self.to_image = convolution(channels, 1, kernel_size=1, activation=False)
+        if self.prior:  # the residual starts at 0: an untrained generator returns the prior
+            for parameter in self.to_image.parameters():
+                nn.init.zeros_(parameter)
 
-    def forward(self, previous: torch.Tensor, gamma_k: torch.Tensor) -> torch.Tensor:
+    def forward(self, previous: torch.Tensor, gamma_k: torch.Tensor, prior_k: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
         if previous.shape[-3:] != gamma_k.shape[-3:]:
             previous = F.interpolate(previous, size=gamma_k.shape[-3:], mode="trilinear", align_corners=False)
         inputs = [previous, gamma_k]
+        if self.prior:
+            if prior_k is None:
+                raise ValueError("this generator block is conditioned on the prior; pass prior_k")
+            inputs.append(prior_k.to(gamma_k.dtype))
         if self.coordinates:
             inputs.append(model_grid_coordinates(gamma_k))
         if self.position is not None:
@@ -200,7 +231,8 @@ class CPGANGenerator(nn.Module):
             GeneratorBlock(config.gamma_channels, config.generator_channels[k], config.generator_depths[k],
                            config.expansion, config.negative_slope, skip=k > 0,
                            dilations=config.generator_dilations, coordinates=config.generator_coordinates,
-                           position_channels=config.generator_position_channels, size=config.scales[k])
+                           position_channels=config.generator_position_channels, size=config.scales[k],
+                           prior=config.uses_prior)
             for k in range(config.num_blocks)])
 
     def sample_noise(self, batch: int, generator: Optional[torch.Generator] = None,
@@ -212,18 +244,25 @@ class CPGANGenerator(nn.Module):
         return noise.to(device if device is not None else noise.device)
 
     def forward(self, gamma_pyramid: Sequence[torch.Tensor], noise: Optional[torch.Tensor] = None,
-                generator: Optional[torch.Generator] = None) -> List[torch.Tensor]:
+                generator: Optional[torch.Generator] = None,
+                prior_pyramid: Optional[Sequence[torch.Tensor]] = None) -> List[torch.Tensor]:
+        """Fake pyramid; with ``prior="average_head"`` each g_k = T_k + r_k (``prior_pyramid``:
+        :func:`image_pyramid` of T, coarsest first, (N, 1, k, k, k))."""
         if len(gamma_pyramid) != self.config.num_blocks:
             raise ValueError(f"expected {self.config.num_blocks} gamma scales, got {len(gamma_pyramid)}")
+        if self.config.uses_prior and (prior_pyramid is None or len(prior_pyramid) != self.config.num_blocks):
+            raise ValueError(f"this generator is conditioned on the prior: pass {self.config.num_blocks} prior scales")
+        priors = list(prior_pyramid) if self.config.uses_prior else [None] * self.config.num_blocks
         first = gamma_pyramid[0]
         if noise is None:
             noise = self.sample_noise(first.shape[0], generator, first.device)
         image = noise.to(first.dtype)
         outputs = []
-        for block, gamma_k in zip(self.blocks, gamma_pyramid):
-            image = block(image, gamma_k)
-            outputs.append(image.contiguous())
+        for block, gamma_k, prior_k in zip(self.blocks, gamma_pyramid, priors):
+            image = block(image, gamma_k, prior_k)
+            outputs.append((image + prior_k if prior_k is not None else image).contiguous())
         return outputs
+
 
 
 class DiscriminatorBlock(nn.Module):

@@ -1,4 +1,5 @@
-"""Removal baselines: de-identify by removing or obscuring the face, keeping every brain voxel.
+"""Removal baselines and REFACE: de-identify by removing, obscuring or replacing the face,
+keeping every brain voxel.
 
     from AnonMRILib.pipelines.baselines import deface, REMOVAL_METHODS
     defaced = deface(volume, "quickshear", brain_mask=mask)     # Volume on volume's grid, its dtype
@@ -16,6 +17,8 @@ skullstrip     brain with its sulcal CSF kept, all else 0 (MRI WATERSHED-like);
                :mod:`.removal.brain_only`
 blur           every non-brain voxel Gaussian-blurred (4 mm); :mod:`.removal.face_blur`
 black          every non-brain voxel 0; :mod:`.removal.brain_only`
+reface         not a removal: everything outside the brain replaced by an average head placed
+               from the brain mask and convex hull alone (mri_reface family); :mod:`.reface`
 =============  ===========================================================================
 
 Every method returns a Volume on the input's grid in the input's voxel type whose brain-mask
@@ -34,7 +37,7 @@ from ..io.volume import Volume, require_usable_image
 from ..progress import ProgressCallback, report, sub_progress
 
 #: the removal methods, in the order figures and benchmarks list them
-REMOVAL_METHODS = ("quickshear", "facemask", "deface", "skullstrip", "blur", "black")
+REMOVAL_METHODS = ("quickshear", "facemask", "deface", "skullstrip", "blur", "black", "reface")
 
 
 def removed_region(volume: Volume, method: str, brain: np.ndarray, seed: int = 0, config: Optional[object] = None,
@@ -43,7 +46,7 @@ def removed_region(volume: Volume, method: str, brain: np.ndarray, seed: int = 0
 
     ``brain`` is a boolean array on ``volume``'s grid; ``config`` the method's config dataclass
     (``QuickshearConfig``, ``FaceMaskConfig``, ``DefaceConfig``, ``SkullStripConfig``,
-    ``BlurConfig``) or None for its defaults.
+    ``BlurConfig``, ``AnatomicalPriorConfig``) or None for its defaults.
     """
     from .removal import brain_only, face_blur, quickshear, template_deface
 
@@ -65,6 +68,12 @@ def removed_region(volume: Volume, method: str, brain: np.ndarray, seed: int = 0
         return face_blur.blurred_head(volume, brain, config or face_blur.BlurConfig())
     if method == "black":
         return np.where(brain, data, zero)
+    if method == "reface":
+        from .reface import place_prior_for
+
+        prior, _ = place_prior_for(volume, volume.with_array(brain.view(np.uint8)), seed=seed, config=config,
+                                   progress=progress)
+        return prior.array
     raise InputError(f"unknown removal method {method!r}; choose one of {', '.join(REMOVAL_METHODS)}")
 
 

@@ -33,14 +33,17 @@ from ..progress import ProgressCallback, report, sub_progress
 WeightsLike = Union[None, str, Path]
 
 
-def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None):
+def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None, prior=None):
     """G(gamma) at full resolution: (S, S, S) float32 CPU tensor in normalised intensity units.
 
-    ``gamma``: (3, S, S, S) tensor. The pyramid's Bernoulli draws and g_0 come from a CPU
-    ``torch.Generator`` seeded with ``seed`` (same numbers on every device).
+    ``gamma``: (3, S, S, S) tensor. ``prior``: T(x) on the model grid (S, S, S), normalised
+    units, for a generator with ``prior="average_head"`` (else None). The pyramid's Bernoulli
+    draws and g_0 come from a CPU ``torch.Generator`` seeded with ``seed`` (same numbers on
+    every device).
     """
     import torch
 
+    from ..models.cpgan import image_pyramid
     from ..transforms.pooling import privacy_pyramid
 
     device = torch.device(device) if device is not None else next(generator.parameters()).device
@@ -50,7 +53,11 @@ def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None):
     with torch.no_grad():
         gammas = privacy_pyramid(gamma[None], generator.config.scales, generator=rng)
         noise = generator.sample_noise(1, rng, device)
-        output = generator(gammas, noise=noise)[-1]
+        priors = None
+        if prior is not None:
+            prior = torch.as_tensor(prior).to(device=device, dtype=torch.float32)
+            priors = image_pyramid(prior[None, None], generator.config.scales)
+        output = generator(gammas, noise=noise, prior_pyramid=priors)[-1]
     return output[0, 0].to("cpu", torch.float32)
 
 
@@ -68,14 +75,14 @@ def _privacy_config(card: Dict[str, Any], size: int, rotations: Optional[int] = 
     return PrivacyTransformConfig(**{k: v for k, v in values.items() if k in known})
 
 
-def _run_generator(generator, gamma, seed: int, device, progress: Optional[ProgressCallback]):
+def _run_generator(generator, gamma, seed: int, device, progress: Optional[ProgressCallback], prior=None):
     """Generate on ``device``; on CUDA out-of-memory warn and retry on the CPU."""
     import torch
 
     from ..device import is_cuda_out_of_memory
 
     try:
-        return generate_on_model_grid(generator.to(device), gamma, seed=seed, device=device)
+        return generate_on_model_grid(generator.to(device), gamma, seed=seed, device=device, prior=prior)
     except RuntimeError as error:
         if device.type != "cuda" or not is_cuda_out_of_memory(error):
             raise
@@ -85,7 +92,24 @@ def _run_generator(generator, gamma, seed: int, device, progress: Optional[Progr
         report(progress, 0.0, message)
         torch.cuda.empty_cache()
         cpu = torch.device("cpu")
-        return generate_on_model_grid(generator.to(cpu), gamma, seed=seed, device=cpu)
+        return generate_on_model_grid(generator.to(cpu), gamma, seed=seed, device=cpu, prior=prior)
+
+
+def add_residual(prior: Volume, residual_model: np.ndarray, transform, volume: Volume) -> Volume:
+    """f = b*x + (1-b)*(T + R) on the input grid: T at native resolution plus the generator's
+    residual R = G - T_model, resampled (linear), smoothed with a Gaussian of half a model voxel
+    (no model-grid staircase) and faded out with the hull smoothed the same way; input's dtype,
+    brain voxels copied (checked by the caller)."""
+    from scipy import ndimage
+
+    from ..transforms.brain_preservation import compose_preserving
+
+    back = transform.grid.from_model(residual_model.astype(np.float32), volume).array * transform.normalization.scale
+    sigma = 0.5 * float(transform.grid.spacing_mm) / np.asarray(volume.spacing, np.float64)
+    residual = ndimage.gaussian_filter(back, sigma)
+    inside = ndimage.gaussian_filter((np.asarray(transform.convex_hull.array) != 0).astype(np.float32), sigma)
+    head = prior.array + residual * inside
+    return compose_preserving(volume, volume.with_array(head.astype(np.float32)), transform.brain_mask)
 
 
 def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
@@ -113,6 +137,7 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
 
     from ..device import resolve_device
     from ..models.cpgan_weights import load_generator
+    from ..transforms.anatomical_prior import prior_from_transform
     from ..transforms.brain_mask import resolve_brain_mask
     from ..transforms.brain_preservation import check_brain_preserved
     from ..transforms.privacy import privacy_transform
@@ -137,16 +162,28 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
                                   progress=sub_progress(progress, 0.4, 0.7))
     timings["privacy_transform"] = time.perf_counter() - start
 
+    prior = prior_model = None
+    if generator.config.uses_prior:
+        start = time.perf_counter()
+        report(progress, 0.5, "placing the anatomical prior")
+        prior = prior_from_transform(volume, transform, progress=sub_progress(progress, 0.5, 0.7))
+        prior_model = transform.normalization.apply(transform.grid.to_model(prior)).astype(np.float32)
+        timings["anatomical_prior"] = time.perf_counter() - start
+
     start = time.perf_counter()
     report(progress, 0.7, f"generator on {torch_device.type}")
-    generated = _run_generator(generator, transform.gamma, seed, torch_device, sub_progress(progress, 0.7, 0.85))
+    generated = _run_generator(generator, transform.gamma, seed, torch_device, sub_progress(progress, 0.7, 0.85),
+                               prior=prior_model)
     if not bool(np.isfinite(generated.numpy()).all()):
         raise InvariantError("the CP-GAN generator produced NaN or infinite values; nothing was written")
     timings["generator"] = time.perf_counter() - start
 
     start = time.perf_counter()
     report(progress, 0.85, "resampling back to the input grid")
-    output = transform.restore(generated, volume, suppress_outside_hull=True)
+    if prior is None:
+        output = transform.restore(generated, volume, suppress_outside_hull=True)
+    else:
+        output = add_residual(prior, generated.numpy() - prior_model, transform, volume)
     check_brain_preserved(volume, output, mask)
     timings["resample_back"] = time.perf_counter() - start
     report(progress, 1.0, "face remodeled; brain voxels verified")

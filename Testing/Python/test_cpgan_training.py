@@ -49,8 +49,8 @@ def cache(tmp_path_factory):
 
 def test_cache_holds_gamma_and_image_at_model_size(cache):
     pairs = train_cpgan.CachedPairs(cache)
-    gamma, image = pairs[0]
-    assert gamma.shape == (3, 32, 32, 32) and image.shape == (1, 32, 32, 32)
+    gamma, image, prior = pairs[0]
+    assert gamma.shape == (3, 32, 32, 32) and image.shape == (1, 32, 32, 32) and prior.numel() == 0
     assert set(torch.unique(gamma[:2]).tolist()) <= {0.0, 1.0}
     assert float(image.max()) > 0.5
 
@@ -154,3 +154,21 @@ def test_reconstruction_warmup_trains_only_the_generator(cache, tmp_path):
         assert saved.keys() == initial.keys()
         same = all(torch.equal(saved[k], v) for k, v in initial.items())
         assert same != moved
+
+
+def test_prior_conditioned_training_caches_the_prior_and_trains(tmp_path):
+    """model.prior = average_head: the cache holds T(x) on the model grid (placed from the scan's
+    brain mask and hull), training steps run, and the trained residual is no longer zero."""
+    config = tiny_config(model=dict(TINY_MODEL, prior="average_head"),
+                         population={"subjects_per_head": 1, "scans_per_subject": 2, "seed": 0}, steps=2)
+    cache_dir = tmp_path / "cache"
+    train_cpgan.build_cache(config, cache_dir, log=lambda message: None)
+    gamma, image, prior = train_cpgan.CachedPairs(cache_dir)[0]
+    assert prior.shape == (1, 32, 32, 32)
+    hull = gamma[0] > 0
+    assert float(prior[0][hull].mean()) > 0.1 and float(prior[0][~hull].abs().max()) < 0.2
+    train_cpgan.train(config, tmp_path / "run", cache_dir, device_name="cpu")
+    generator, card = load_generator(tmp_path / "run" / "generator.safetensors")
+    assert generator.config.prior == "average_head"
+    last = generator.blocks[-1].to_image.conv.weight
+    assert float(last.abs().sum()) > 0

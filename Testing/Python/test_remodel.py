@@ -171,3 +171,50 @@ def test_cli_remodel_refuses_to_overwrite_input_and_bad_weights(tiny_weights, tm
     assert code == 2 and not out.exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert "not found" in err[-1]
+
+
+@pytest.fixture(scope="module")
+def prior_weights(tmp_path_factory):
+    """An untrained S = 32 generator conditioned on the anatomical prior (its residual starts at 0)."""
+    import torch
+
+    from AnonMRILib.models.cpgan import CPGANConfig, CPGANGenerator
+
+    torch.manual_seed(0)
+    generator = CPGANGenerator(CPGANConfig(size=32, finest_channels=4, coarsest_channels=8, prior="average_head"))
+    path = tmp_path_factory.mktemp("weights") / "prior.safetensors"
+    save_generator(path, generator, {"privacy_transform": {"size": 32, "rotations": 8}})
+    return path
+
+
+def test_prior_generator_starts_at_the_prior_and_keeps_the_brain(sample, prior_weights):
+    """prior=average_head: G = T + residual; untrained, the residual is 0, so the output outside the
+    brain is T(x) at the input's resolution (no model-grid staircase), the brain bit-exact."""
+    from AnonMRILib.transforms.anatomical_prior import prior_from_transform
+    from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
+
+    head, mask = sample
+    output, details = remodel_face_with_details(head, mask, weights=prior_weights, device="cpu", seed=0)
+    brain = mask.array != 0
+    assert np.array_equal(output.array[brain], head.array[brain])
+    assert "anatomical_prior" in details["timings_s"]
+    transform = privacy_transform(head, mask, PrivacyTransformConfig(size=32, rotations=8), seed=0)
+    prior = prior_from_transform(head, transform)
+    expected = np.clip(np.rint(prior.array), np.iinfo(head.dtype).min, np.iinfo(head.dtype).max)
+    outside = ~brain
+    assert np.abs(output.array[outside].astype(float) - expected[outside]).max() <= 1.0
+
+
+def test_prior_generator_needs_the_prior():
+    import torch
+
+    from AnonMRILib.models.cpgan import CPGANConfig, CPGANGenerator
+    from AnonMRILib.transforms.pooling import privacy_pyramid
+
+    config = CPGANConfig(size=16, finest_channels=4, coarsest_channels=8, prior="average_head")
+    generator = CPGANGenerator(config)
+    gammas = privacy_pyramid(torch.zeros(1, 3, 16, 16, 16), config.scales)
+    with pytest.raises(ValueError):
+        generator(gammas)
+    with pytest.raises(ValueError):
+        CPGANConfig(size=16, prior="template")

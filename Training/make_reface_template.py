@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Build the REFACE anatomical prior: pydeface's average head, cleaned, with its brain mask and hull.
+
+The prior T(x) of :mod:`AnonMRILib.transforms.anatomical_prior` is an average head (identifies
+nobody) carried onto a patient from the patient's brain mask and convex hull alone. The source is
+pydeface 2.1.0's ``data/mean_reg2mean.nii.gz`` (MIT licence; an average of many heads registered
+to each other). Get it with::
+
+    pip download --no-deps pydeface==2.1.0 && unzip pydeface-2.1.0-*.whl -d pydeface
+
+and run::
+
+    python Training/make_reface_template.py --pydeface-data pydeface/pydeface/data
+
+Cleaning (the mean head's own artefacts showed through in renderings):
+
+0. **N4 bias correction** inside the head (the average is darker at the neck and crown);
+1. **head mask**: voxels at or above the head threshold (:func:`head_threshold`), opened with a
+   ball of ``opening_mm`` (cuts the thin rectangular frames that the averaging left in the air in
+   front of the eyes and face), largest component, holes filled, dilated by 1 voxel;
+2. the head multiplied by that mask smoothed with a Gaussian (sigma 1 mm), so that the air is 0
+   and the skin ends in a soft edge (no frame, no speckle in front of the face);
+3. **neck**: the mean head ends in the upper neck; ``neck_extension_mm`` more are added below it by
+   repeating its smoothed lowest 10 mm with a tapering width, so that a patient scanned lower down still
+   has a neck to carry (what the patient's hull holds below the template is then template neck);
+4. **brain mask** by AnonMRI's default backend (HD-BET fold 0) on the cleaned head, and the
+   **convex hull** by the same privacy transform the patients get (K = 32, 100 facets, seed 0);
+5. everything resampled (linear, anti-aliased) to ``spacing_mm`` isotropic, RAS, cropped to the
+   head plus 6 mm; the head stored as uint8 (its 99.9th percentile = 255), masks as uint8 0/1.
+
+Writes ``AnonMRILib/data/templates/reface_template_{T1w,brain_mask,convex_hull}.nii.gz`` and
+appends their provenance to ``ATTRIBUTION.md`` there.
+"""
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+OUTPUT_DIR = REPO / "AnonMRILib" / "data" / "templates"
+
+
+def clean_average_head(array: np.ndarray, spacing_mm: float, opening_mm: float) -> np.ndarray:
+    """Steps 1-2 of the module docstring: the head with its air set to 0 and a soft skin edge."""
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.head_mask import clean_binary_head, head_threshold
+
+    threshold = head_threshold(array)
+    radius = max(1, int(round(opening_mm / spacing_mm)))
+    ball = ndimage.generate_binary_structure(3, 1)
+    head = ndimage.binary_opening(array >= threshold, structure=ball, iterations=radius)
+    head = ndimage.binary_dilation(clean_binary_head(head), structure=ball)
+    weight = ndimage.gaussian_filter(head.astype(np.float32), sigma=1.0 / spacing_mm)
+    return (array * weight).astype(np.float32)
+
+
+def correct_bias(array: np.ndarray, spacing_mm: float) -> np.ndarray:
+    """N4 bias-field correction (SimpleITK) inside the head: the average head is much darker at
+    the neck and crown than at eye level, which moves its skin iso-surface and draws creases."""
+    import SimpleITK as sitk
+
+    from AnonMRILib.transforms.head_mask import head_mask_array
+
+    image = sitk.GetImageFromArray(np.transpose(array, (2, 1, 0)).astype(np.float32) + 1.0)
+    image.SetSpacing([spacing_mm] * 3)
+    mask = sitk.GetImageFromArray(np.transpose(head_mask_array(array), (2, 1, 0)).astype(np.uint8))
+    mask.CopyInformation(image)
+    shrink = 4
+    small, small_mask = sitk.Shrink(image, [shrink] * 3), sitk.Shrink(mask, [shrink] * 3)
+    n4 = sitk.N4BiasFieldCorrectionImageFilter()
+    n4.SetMaximumNumberOfIterations([50, 50, 30])
+    n4.Execute(small, small_mask)
+    log_field = n4.GetLogBiasFieldAsImage(image)
+    corrected = image / sitk.Exp(log_field)
+    return np.transpose(sitk.GetArrayFromImage(corrected), (2, 1, 0)).astype(np.float32) - 1.0
+
+
+def extend_neck(array: np.ndarray, spacing_mm: float, extension_mm: float, taper: float = 0.9) -> np.ndarray:
+    """Step 3: ``extension_mm`` of neck below axis-2 index 0 (S axis, RAS): the neck's cross-section
+    (mean of its lowest 10 mm, smoothed in-plane by 2 mm) scaled in-plane about its centre down to
+    ``taper`` of its width at the bottom, blended into the original over the lowest 10 mm."""
+    from scipy import ndimage
+
+    slices = max(1, int(round(extension_mm / spacing_mm)))
+    slab = max(1, int(round(10.0 / spacing_mm)))
+    bottom = ndimage.gaussian_filter(array[:, :, :slab].mean(axis=2), 2.0 / spacing_mm)
+    weights = bottom > 0.2 * bottom.max()
+    centre = np.array(ndimage.center_of_mass(weights)) if weights.any() else np.array(bottom.shape) / 2.0
+    added = []
+    for index in range(slices, 0, -1):
+        zoom = 1.0 - (1.0 - taper) * index / slices
+        matrix = np.diag([1.0 / zoom, 1.0 / zoom])
+        offset = centre - matrix @ centre
+        added.append(ndimage.affine_transform(bottom, matrix, offset=offset, order=1))
+    array = array.copy()
+    blend = np.linspace(1.0, 0.0, slab, dtype=np.float32)
+    array[:, :, :slab] = blend * bottom[:, :, None] + (1.0 - blend) * array[:, :, :slab]
+    return np.concatenate([np.stack(added, axis=2), array], axis=2).astype(np.float32)
+
+
+def main(argv=None) -> int:
+    import nibabel as nib
+
+    from AnonMRILib.io import save_volume
+    from AnonMRILib.io.volume import Volume
+    from AnonMRILib.models.model_card import sha256_of
+    from AnonMRILib.transforms.brain_mask import brain_mask
+    from AnonMRILib.transforms.model_grid import resample_arrays
+    from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pydeface-data", type=Path, required=True, help="pydeface's data folder")
+    parser.add_argument("--out", type=Path, default=OUTPUT_DIR)
+    parser.add_argument("--spacing-mm", type=float, default=1.5)
+    parser.add_argument("--opening-mm", type=float, default=2.0)
+    parser.add_argument("--neck-extension-mm", type=float, default=40.0)
+    parser.add_argument("--brain-backend", default="hdbet", help="brain-mask backend for the template")
+    args = parser.parse_args(argv)
+
+    source = args.pydeface_data / "mean_reg2mean.nii.gz"
+    image = nib.as_closest_canonical(nib.load(str(source)))
+    spacing = float(np.min(image.header.get_zooms()[:3]))
+    # the source is 1 x 0.977 x 0.977 mm: resample to 1 mm iso first so that the cleaning is isotropic
+    iso_affine = image.affine @ np.diag(list(spacing / np.asarray(image.header.get_zooms()[:3])) + [1.0])
+    iso_shape = tuple(int(round(n * z / spacing)) for n, z in zip(image.shape[:3], image.header.get_zooms()[:3]))
+    array = resample_arrays([np.asarray(image.dataobj, np.float32)], image.affine, iso_shape, iso_affine)[0]
+    array = clean_average_head(correct_bias(array, spacing), spacing, args.opening_mm)
+    before = array.shape[2]
+    array = extend_neck(array, spacing, args.neck_extension_mm)
+    affine = iso_affine.copy()
+    affine[:3, 3] -= affine[:3, 2] * (array.shape[2] - before)
+    head = Volume(array, affine)
+
+    print("brain mask of the cleaned average head (hdbet) ...", flush=True)
+    brain = brain_mask(head, backend=args.brain_backend)
+    hull = privacy_transform(head, brain, PrivacyTransformConfig(size=128, rotations=32, facets=100), seed=0).convex_hull
+
+    # crop to the head plus 6 mm and resample to the shipped spacing
+    inside = np.argwhere(array > 0.05 * array.max())
+    margin = int(np.ceil(6.0 / spacing))
+    low = np.maximum(inside.min(axis=0) - margin, 0)
+    high = np.minimum(inside.max(axis=0) + margin + 1, array.shape)
+    step = args.spacing_mm / spacing
+    out_shape = tuple(int(np.ceil((h - l) / step)) for l, h in zip(low, high))
+    out_affine = affine @ np.array([[step, 0, 0, low[0]], [0, step, 0, low[1]], [0, 0, step, low[2]], [0, 0, 0, 1.0]])
+    out_affine[:3, 3] = (affine @ np.r_[low + (step - 1) / 2.0, 1.0])[:3]
+    head_out, brain_out, hull_out = resample_arrays([array, brain.array, hull.array], affine, out_shape, out_affine)
+    scale = float(np.percentile(head_out[head_out > 0], 99.9))
+    head_u8 = np.clip(np.round(head_out / scale * 255.0), 0, 255).astype(np.uint8)
+    args.out.mkdir(parents=True, exist_ok=True)
+    outputs = {
+        "reface_template_T1w.nii.gz": head_u8,
+        "reface_template_brain_mask.nii.gz": (brain_out >= 0.5).astype(np.uint8),
+        "reface_template_convex_hull.nii.gz": (hull_out >= 0.5).astype(np.uint8),
+    }
+    for name, values in outputs.items():
+        save_volume(Volume(values, out_affine), args.out / name)
+        print(f"wrote {args.out / name} {values.shape}", flush=True)
+    note = (f"\n\n# REFACE prior: attribution\n\n`reface_template_T1w.nii.gz`, `reface_template_brain_mask.nii.gz` and "
+            f"`reface_template_convex_hull.nii.gz` are derived from the same pydeface 2.1.0 `mean_reg2mean.nii.gz` "
+            f"(MIT licence, above; SHA-256 `{sha256_of(source)}`) by `Training/make_reface_template.py`: "
+            f"cleaned (opening {args.opening_mm} mm, largest component, soft edge), neck extended by "
+            f"{args.neck_extension_mm} mm, brain mask by HD-BET fold 0 (Apache-2.0), convex hull by AnonMRI's privacy "
+            f"transform, resampled to {args.spacing_mm} mm.\n")
+    attribution = args.out / "ATTRIBUTION.md"
+    text = attribution.read_text() if attribution.is_file() else ""
+    marker = "\n\n# REFACE prior: attribution"
+    attribution.write_text(text.split(marker)[0] + note)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
