@@ -17,6 +17,14 @@ from .privacy_protocol import CACHE_VERSION, EvaluationConfig, fingerprint
 logger = logging.getLogger(__name__)
 
 
+def method_seed(method: str) -> int:
+    """A per-method offset of the random seeds (tie-breaks, distractors, bootstrap) that depends on the
+    method's name only, so adding or removing a method leaves every other method's figures unchanged."""
+    import zlib
+
+    return zlib.crc32(method.encode("utf-8")) % 100_003
+
+
 def siamese_model_config(config: EvaluationConfig):
     from ..models.reidentification import SiameseConfig
 
@@ -109,7 +117,8 @@ def run_attacks(records: List[Dict], renderings: Dict[str, np.ndarray], methods:
         losses.append(loss)
         attackers.append((network, train_subjects, test_subjects))
         queries = network.embed(renderings["ORIGINAL"][test])
-        for m_index, method in enumerate(methods):
+        for method in methods:
+            m_index = method_seed(method)
             options = network.embed(renderings[method][test])
             seed = config.seed + 7919 * index + m_index
             outcome = identification_trials(queries, options, subjects[test], n_options=config.n_options,
@@ -129,7 +138,8 @@ def run_attacks(records: List[Dict], renderings: Dict[str, np.ndarray], methods:
                         repeats=config.identification_repeats, correct_option=config.correct_option,
                         seed=seed + 104729))
     identification, within_head = {}, {}
-    for m_index, method in enumerate(methods):
+    for method in methods:
+        m_index = method_seed(method)
         rate = bootstrap_rate(np.concatenate(trials[method]), config.bootstrap_resamples,
                               seed=config.seed + m_index)
         rate["per_split"] = per_split_rate[method]
@@ -263,7 +273,8 @@ def run_open_recognizer(records: List[Dict], views: Dict[str, np.ndarray], metho
         "Euclidean descriptor distance; a probe without a detected face gets a uniformly random rank"),
         "views_azimuth_elevation_deg": [list(v) for v in config.recognizer_views],
         "render_size": config.recognizer_render_size, "methods": {}}
-    for m_index, method in enumerate(methods):
+    for method in methods:
+        m_index = method_seed(method)
         descriptors, scores = described[method]
         rng = np.random.default_rng(config.seed + 31 * m_index)
         all_ranks, head_ranks = [], []
