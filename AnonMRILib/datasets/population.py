@@ -15,6 +15,11 @@ Subject (one per ``(head, subject_index)``; id ``"<head>-s0007"``):
   within ``brain_margin_mm`` of the brain and rises smoothly to 1 over ``ramp_mm``: the brain
   and its surroundings are not deformed at all (rigid), and the maximum displacement stays
   below the distance to the brain so no brain tissue is pulled outside the brain mask;
+* **face-shaped identity** (when ``face_shape_amplitude`` > 0): a random combination of
+  MakeHuman's face morph targets (nose, mouth, eyes, ears, chin, cheeks, forehead) transferred
+  onto the head's skin (:mod:`AnonMRILib.datasets.face_shape`), weighted like the fields above
+  (exactly 0 near the brain); its random numbers come from their own stream, so switching it on
+  leaves the subject's other variation unchanged;
 * **intensity**: ``background + s * p * ((x - background) / p) ** g`` with contrast exponent
   ``g`` in ``gamma_range``, scale ``s`` in ``scale_range`` (p = 99th percentile of the head);
 * **bias field**: multiplicative ``exp(smooth field)``, std ``bias_amplitude`` (4^3 control
@@ -76,6 +81,9 @@ class PopulationConfig:
     face_control_points: int = 9
     face_amplitude_mm: float = 1.5
     face_anterior_mm: float = 35.0
+    # face-shaped identity (MakeHuman targets): std of the target weights (0 = off), splat width
+    face_shape_amplitude: float = 0.0
+    face_shape_sigma_mm: float = 6.0
     brain_margin_mm: float = 5.0
     ramp_mm: float = 20.0
     gamma_range: Tuple[float, float] = (0.85, 1.15)
@@ -305,6 +313,16 @@ def subject_variation(head: HeadSource, subject_index: int, config: PopulationCo
     coarse = _smooth_field(rng, 3, config.shape_control_points, shape, config.shape_amplitude_mm)
     fine = _smooth_field(rng, 3, config.face_control_points, shape, config.face_amplitude_mm)
     displacement_mm = weight[None] * coarse + face_weight[None] * fine
+    if config.face_shape_amplitude > 0:
+        from .face_shape import face_displacement_field, load_face_shape_model, random_target_weights
+
+        model = load_face_shape_model()
+        target_weights = random_target_weights(model, _rng(config.seed, head.name, subject_index, 0x7ACE),
+                                               config.face_shape_amplitude)
+        forward = face_displacement_field(head.volume, head.brain_mask, model, target_weights,
+                                          sigma_mm=config.face_shape_sigma_mm)
+        # the scan samples the head at p + u(p): skin that moves by d is found at u = -d
+        displacement_mm -= weight[None] * forward
     to_voxels = np.linalg.inv(head.volume.affine[:3, :3]).astype(np.float32)
     displacement = np.einsum("ab,bxyz->axyz", to_voxels, displacement_mm).astype(np.float32)
     exponent = float(rng.uniform(*config.gamma_range))

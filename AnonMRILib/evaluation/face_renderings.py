@@ -98,3 +98,32 @@ def blur_rendering(image: np.ndarray, sigma_px: float) -> np.ndarray:
 
     return ndimage.gaussian_filter(np.asarray(image, dtype=np.float32), sigma=float(sigma_px),
                                    mode="constant").astype(np.float32)
+
+
+#: views of the open face recognizer: (azimuth, elevation) in degrees about the anterior view
+RECOGNIZER_VIEWS = ((0.0, 0.0), (25.0, 0.0), (-25.0, 0.0), (0.0, 10.0))
+
+
+def render_canonical_views(volume: Volume, centre_ras: Sequence[float],
+                           config: Optional[FaceRenderingConfig] = None,
+                           views: Sequence[Sequence[float]] = RECOGNIZER_VIEWS) -> np.ndarray:
+    """(V, image_size, image_size) float32 renderings in [0, 1] of ``volume`` in the canonical frame,
+    one per ``(azimuth_deg, elevation_deg)`` of ``views`` (turned from ``config.view``; see
+    :func:`AnonMRILib.rendering.camera.make_camera`). The volume is resampled and prepared once.
+    All-zero images where there is no surface to render (see :func:`render_canonical_face`)."""
+    from ..rendering.camera import make_camera
+    from ..rendering.raycast import SurfaceRenderer
+
+    config = config or FaceRenderingConfig()
+    empty = np.zeros((len(views), config.image_size, config.image_size), dtype=np.float32)
+    canonical = canonical_volume(volume, centre_ras, config)
+    if float(canonical.array.max()) <= float(canonical.array.min()):
+        return empty
+    try:
+        renderer = SurfaceRenderer(canonical, device=config.device)
+        images = [renderer.render(make_camera(config.view, float(azimuth), float(elevation)),
+                                  size=config.image_size).image for azimuth, elevation in views]
+    except InputError:
+        # nothing above the skin level (e.g. a removed head): nothing to see
+        return empty
+    return np.stack(images).astype(np.float32)

@@ -1,7 +1,16 @@
 """Per-scan privacy and utility scores of an anonymized scan against its original.
 
 :func:`scan_scores` works on any pair of a scan and its anonymized version on the same grid
-(any method: CP-GAN, removal baselines, other tools) and returns a JSON-able dict:
+(any method: CP-GAN, removal baselines, other tools) and returns a JSON-able dict that leads with
+
+* ``verdict``: one sentence a reader can act on, decided by the two attackers below (one that
+  re-identifies the scan is enough): "re-identifiable: the open recognizer puts it 0.09 from the
+  original, nearer than any of 20 reference heads ...", "not re-identified by either attacker:
+  ...", or "not anonymized: the face region was left unchanged"; a warning is appended when
+  the brain mask is implausible; and ``explanations``: why signals that disagree (the two
+  attackers, the PSNR criterion) are resolved the way they are;
+
+then the evidence:
 
 * ``brain``: brain voxels preserved — the fraction of brain-mask voxels whose value is exactly
   the original's (1.0 = every brain voxel kept bit for bit), and the largest change there.
@@ -24,6 +33,16 @@
   al. that the criterion is built on (a minimum distance over the other samples), the decision
   uses the NEAREST reference head (highest PSNR to the anonymized rendering); the median over
   references is reported too. ``anonymized`` = score at or below the criterion's threshold.
+* ``open_recognizer``: dlib's face recognizer (:mod:`AnonMRILib.evaluation.face_recognition`,
+  trained on photographs, nothing trained here) on several views of the original and of the
+  anonymized scan (:func:`AnonMRILib.evaluation.privacy_attacks.describe_head`), against the
+  reference set's recognizer descriptors (other generated subjects and the real heads the
+  population is built from); a reference head closer to the original than the same-person
+  threshold calibrated on renderings is the same person and left out. ``identified`` = the
+  anonymized face is nearer to the original than to every reference head (decided by rank, not
+  by dlib's 0.6 for photographs);
+* ``brain.mask_check``: :func:`AnonMRILib.transforms.plausibility.check_brain_mask` of the mask
+  used (a whole head given as the brain is implausible), as a record, not an error;
 * ``attacker``: with the shipped re-identification attacker (the Siamese network of
   :mod:`AnonMRILib.models.reidentification`), the rank of the true original among the original
   plus the reference heads, ordered by distance to the anonymized rendering (0 = the attacker
@@ -37,11 +56,11 @@ of real people, so the anonymity and rank scores are indicative, not a guarantee
 """
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import DependencyError, InputError
 from ..io.volume import Volume, require_same_grid, require_usable_image
 from ..progress import ProgressCallback, report, sub_progress
 
@@ -122,8 +141,16 @@ def load_reference_faces(reference: ReferenceLike = None) -> Optional[Dict[str, 
         images = data["renderings"].astype(np.float32)
         if data["renderings"].dtype == np.uint8:
             images /= 255.0
-        return {"renderings": images, "field_of_view_mm": float(data["field_of_view_mm"]),
-                "grid_size": int(data["grid_size"]), "source": path.name}
+        result = {"renderings": images, "field_of_view_mm": float(data["field_of_view_mm"]),
+                  "grid_size": int(data["grid_size"]), "source": path.name}
+        if "recognizer_descriptors" in data.files:
+            result["recognizer"] = {
+                "descriptors": data["recognizer_descriptors"].astype(np.float64),
+                "ids": [str(i) for i in data["recognizer_ids"]],
+                "views": [tuple(float(a) for a in v) for v in data["recognizer_views"]],
+                "render_size": int(data["recognizer_render_size"]),
+                "same_person_threshold": float(data["recognizer_threshold"])}
+        return result
 
 
 def _anonymity(anonymized_image: np.ndarray, original_image: np.ndarray, references: np.ndarray) -> Dict[str, Any]:
@@ -150,6 +177,119 @@ def _attacker_rank(anonymized_image: np.ndarray, original_image: np.ndarray, ref
     return {"rank": rank, "n_candidates": int(len(candidates)), "relative_rank": rank / (len(candidates) - 1),
             "identified": rank == 0, "distance_to_original": float(distances[0]),
             "nearest_reference_distance": float(distances[1:].min())}
+
+
+def _open_recognizer(original: Volume, anonymized: Volume, centre: np.ndarray, references: Dict[str, Any],
+                     config: "ScoreConfig") -> Dict[str, Any]:
+    """The open face recognizer's evidence (see the module doc): descriptors of the original and
+    the anonymized scan (several views) against the reference heads' descriptors."""
+    from .face_recognition import FaceRecognizer, face_distance
+    from .face_renderings import FaceRenderingConfig, render_canonical_views
+    from .privacy_attacks import describe_head
+
+    gallery = references["recognizer"]
+    render_config = FaceRenderingConfig(field_of_view_mm=references["field_of_view_mm"],
+                                        grid_size=references["grid_size"], image_size=gallery["render_size"],
+                                        device=config.rendering_device)
+    recognizer = FaceRecognizer()
+    original_descriptor, original_score = describe_head(
+        list(render_canonical_views(original, centre, render_config, gallery["views"])), recognizer)
+    anonymized_descriptor, anonymized_score = describe_head(
+        list(render_canonical_views(anonymized, centre, render_config, gallery["views"])), recognizer)
+    threshold = gallery["same_person_threshold"]
+    if not np.isfinite(threshold):  # a reference set without calibration: no reference is the same person
+        threshold = 0.0
+    result: Dict[str, Any] = {"face_found_in_original": original_descriptor is not None,
+                              "face_found_in_anonymized": anonymized_descriptor is not None,
+                              "detector_score_anonymized": (float(anonymized_score) if anonymized_descriptor is not None
+                                                            else None),
+                              "same_person_threshold": threshold, "identified": False}
+    if original_descriptor is None or anonymized_descriptor is None:
+        return result
+    references_found = [d for d in gallery["descriptors"] if np.all(np.isfinite(d))]
+    # a reference head the recognizer cannot tell from the original is the same person: left out
+    others = [d for d in references_found if face_distance(d, original_descriptor) > threshold]
+    distance = face_distance(anonymized_descriptor, original_descriptor)
+    to_references = np.array([face_distance(anonymized_descriptor, d) for d in others])
+    rank = int(np.sum(to_references <= distance)) if len(others) else 0
+    result.update({"distance_to_original": distance, "n_references": len(others),
+                   "references_left_out_as_same_person": len(references_found) - len(others),
+                   "nearest_reference_distance": float(to_references.min()) if len(others) else None,
+                   "rank": rank, "identified": bool(len(others) > 0 and rank == 0)})
+    return result
+
+
+def check_given_brain_mask(original: Volume, brain: Volume) -> Dict[str, Any]:
+    """:func:`AnonMRILib.transforms.plausibility.check_brain_mask` as a record instead of an error."""
+    from ..transforms.plausibility import check_brain_mask
+
+    try:
+        summary = check_brain_mask(original, brain)
+    except InputError as error:
+        return {"plausible": False, "reason": str(error).split("; skip this check")[0]}
+    return {"plausible": True, "volume_ml": summary.volume_ml, "fraction_of_head": summary.fraction_of_reference}
+
+
+def verdict(result: Dict[str, Any]) -> Tuple[str, List[str]]:
+    """One sentence on re-identification, and the explanations of contradictory signals.
+
+    Decided by the attackers (the open recognizer and the Siamese network: the rank of the true
+    original among the reference heads); the PSNR-difference criterion and the face-region change
+    are evidence, explained when they disagree.
+    """
+    face = result.get("face_region", {})
+    recognizer = result.get("open_recognizer")
+    siamese = result.get("attacker")
+    anonymity = result.get("anonymity")
+    explanations: List[str] = []
+    reasons = []
+    if recognizer and recognizer.get("identified"):
+        reasons.append(f"the open recognizer puts it {recognizer['distance_to_original']:.2f} from the original, "
+                       f"nearer than any of {recognizer['n_references']} reference heads (nearest "
+                       f"{recognizer['nearest_reference_distance']:.2f})")
+    if siamese and siamese.get("identified"):
+        reasons.append(f"the Siamese attacker ranks the original first among {siamese['n_candidates']} heads")
+    unchanged = face.get("voxels", 0) > 0 and face.get("changed_fraction", 1.0) == 0.0
+    if unchanged:
+        text = "not anonymized: the face region was left unchanged"
+        if reasons:
+            text += "; " + "; ".join(reasons)
+    elif reasons:
+        text = "re-identifiable: " + "; ".join(reasons)
+    elif recognizer is None and siamese is None:
+        text = "not assessed: no attacker could run (no reference set of other heads)"
+    else:
+        parts = []
+        if recognizer is not None:
+            if not recognizer.get("face_found_in_anonymized"):
+                parts.append("the open recognizer finds no face")
+            elif not recognizer.get("face_found_in_original"):
+                parts.append("the open recognizer finds no face in the original")
+            else:
+                parts.append(f"the open recognizer puts {recognizer['rank']} of {recognizer['n_references']} "
+                             f"reference heads nearer than the original ({recognizer['distance_to_original']:.2f})")
+        if siamese is not None:
+            parts.append(f"the Siamese attacker ranks the original {siamese['rank'] + 1} of {siamese['n_candidates']}")
+        attackers = "either attacker" if recognizer is not None and siamese is not None else "the attacker"
+        text = f"not re-identified by {attackers}: " + "; ".join(parts)
+    identified = bool(reasons)
+    if recognizer is not None and siamese is not None and recognizer.get("identified") != siamese.get("identified"):
+        who = "open recognizer" if recognizer.get("identified") else "Siamese attacker"
+        explanations.append(f"only the {who} re-identifies it; one attacker that succeeds is enough, so the verdict "
+                            "follows it")
+    if anonymity is not None and anonymity.get("anonymized") == identified:
+        if identified:
+            explanations.append("the PSNR criterion counts it anonymized (pixel similarity to the original is no "
+                                "higher than to another head), yet an attacker finds the original: identity survives "
+                                "in the face's shape, which PSNR does not measure; the attackers decide")
+        else:
+            explanations.append("the PSNR criterion does not count it anonymized (the rendering is still more similar "
+                                "to the original's pixels than to another head's), but no attacker finds the "
+                                "original among the reference heads; the attackers decide")
+    mask = result.get("brain", {}).get("mask_check")
+    if mask is not None and not mask.get("plausible", True):
+        text += f"; WARNING: the brain mask is implausible ({mask['reason']}), so the brain and face-region figures rest on a wrong mask"
+    return text, explanations
 
 
 def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volume] = None,
@@ -187,7 +327,8 @@ def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volum
     brain_after = after[inside].astype(np.float64)
     result["brain"] = {"voxels": int(inside.sum()), "mask": mask_source,
                        "preserved_fraction": float(np.mean(brain_before == brain_after)),
-                       "max_abs_change": float(np.max(np.abs(brain_after - brain_before)))}
+                       "max_abs_change": float(np.max(np.abs(brain_after - brain_before))),
+                       "mask_check": check_given_brain_mask(original, brain)}
 
     report(progress, 0.45, "face region")
     region = face_region(original, brain, config)
@@ -208,7 +349,7 @@ def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volum
         if reference_renderings is not False:
             result["notes"].append("no reference set of other heads' renderings: anonymity and attacker scores skipped")
         report(progress, 1.0, "scores done")
-        return result
+        return _lead_with_verdict(result)
     from .face_renderings import FaceRenderingConfig, head_centre, render_canonical_face
 
     report(progress, 0.6, "face renderings")
@@ -233,7 +374,21 @@ def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volum
     if attacker_weights is None and not Path(weights).is_file():
         result["notes"].append("no attacker weights: attacker rank skipped")
     else:
-        report(progress, 0.9, "re-identification attacker")
+        report(progress, 0.85, "re-identification attacker")
         result["attacker"] = _attacker_rank(anonymized_image, original_image, images, weights)
+    if "recognizer" in references:
+        report(progress, 0.9, "open face recognizer")
+        try:
+            result["open_recognizer"] = _open_recognizer(original, anonymized, centre, references, config)
+        except DependencyError as error:
+            result["notes"].append(f"open recognizer skipped: {error}")
+    else:
+        result["notes"].append("the reference set has no open-recognizer descriptors: open recognizer skipped")
     report(progress, 1.0, "scores done")
-    return result
+    return _lead_with_verdict(result)
+
+
+def _lead_with_verdict(result: Dict[str, Any]) -> Dict[str, Any]:
+    """``result`` with ``verdict`` (and ``explanations``) first, the evidence after."""
+    text, explanations = verdict(result)
+    return {"verdict": text, "explanations": explanations, **result}

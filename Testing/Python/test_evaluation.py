@@ -281,6 +281,45 @@ def test_scan_scores_of_identity_and_of_a_removal(sample, shaved, tmp_path):
     assert broken["brain"]["preserved_fraction"] == 0.0 and broken["brain"]["max_abs_change"] == 1.0
 
 
+def test_verdict_leads_and_explains_contradictions():
+    from AnonMRILib.evaluation.scores import verdict
+
+    recognizer = {"face_found_in_original": True, "face_found_in_anonymized": True, "identified": True,
+                  "distance_to_original": 0.36, "n_references": 20, "nearest_reference_distance": 0.41, "rank": 0}
+    siamese = {"identified": False, "rank": 3, "n_candidates": 21}
+    face = {"voxels": 1000, "changed_fraction": 0.4}
+    text, why = verdict({"face_region": face, "open_recognizer": recognizer, "attacker": siamese,
+                         "anonymity": {"anonymized": True}})
+    assert text.startswith("re-identifiable: the open recognizer puts it 0.36 from the original, nearer than any "
+                           "of 20 reference heads")
+    assert len(why) == 2 and "only the open recognizer" in why[0] and "PSNR criterion counts it anonymized" in why[1]
+    missed = dict(recognizer, identified=False, rank=7)
+    text, why = verdict({"face_region": face, "open_recognizer": missed, "attacker": siamese,
+                         "anonymity": {"anonymized": True}})
+    assert text.startswith("not re-identified by either attacker: the open recognizer puts 7 of 20 reference heads "
+                           "nearer") and why == []
+    text, _ = verdict({"face_region": face, "open_recognizer": dict(missed, face_found_in_anonymized=False),
+                       "attacker": siamese})
+    assert "finds no face" in text
+    text, _ = verdict({"face_region": {"voxels": 1000, "changed_fraction": 0.0}, "open_recognizer": recognizer,
+                       "brain": {"mask_check": {"plausible": False, "reason": "the brain mask is 90% of the head"}}})
+    assert text.startswith("not anonymized: the face region was left unchanged") and "implausible" in text
+
+
+def test_scan_scores_flags_a_whole_head_brain_mask_and_an_unchanged_face(sample):
+    from AnonMRILib.evaluation.scores import scan_scores
+    from AnonMRILib.transforms.head_mask import head_mask_array
+
+    head, brain = sample
+    unchanged = scan_scores(head, head, brain, reference_renderings=False)
+    assert list(unchanged)[0] == "verdict" and unchanged["verdict"].startswith("not anonymized: the face region")
+    assert unchanged["brain"]["mask_check"]["plausible"] is True
+    whole_head = head.with_array(head_mask_array(head.array).astype(np.uint8))
+    flagged = scan_scores(head, head, whole_head, reference_renderings=False)
+    assert flagged["brain"]["mask_check"]["plausible"] is False
+    assert "4575 mL" in flagged["brain"]["mask_check"]["reason"] and "brain mask is implausible" in flagged["verdict"]
+
+
 def test_scan_scores_refuses_mismatched_grids(sample):
     from AnonMRILib.evaluation.scores import scan_scores
 
@@ -315,6 +354,51 @@ def test_score_command(sample, shaved, tmp_path):
     assert main(["score", str(sample_head_path()), str(small), "--no-renderings", "--json"]) == 2
 
 
+def test_score_command_verdicts_with_the_shipped_attackers(sample, tmp_path):
+    """The shipped reference set and attackers on the embedded sample: a volume blur is
+    re-identifiable, CP-GAN remodeling (shipped weights) is not; each verdict leads the JSON."""
+    pytest.importorskip("dlib")
+    from AnonMRILib.io import save_volume
+    from AnonMRILib.pipelines.baselines import deface
+    from AnonMRILib.pipelines.remodel import remodel_face
+    from AnonMRILib.sample_data import sample_brain_mask_path, sample_head_path
+
+    head, brain = sample
+    blurred = save_volume(deface(head, "blur", brain_mask=brain), tmp_path / "blurred.nii.gz", like=head)
+    remodeled = save_volume(remodel_face(head, brain_mask=brain, device="cpu", seed=0), tmp_path / "remodeled.nii.gz",
+                            like=head)
+    verdicts = {}
+    for name, path in (("blurred", blurred), ("remodeled", remodeled)):
+        done = subprocess.run([sys.executable, "-m", "AnonMRILib", "score", str(sample_head_path()), str(path),
+                               "--brain-mask", str(sample_brain_mask_path()), "--json"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        scores = json.loads(done.stdout)
+        assert list(scores)[:2] == ["verdict", "explanations"] and "open_recognizer" in scores
+        verdicts[name] = scores["verdict"]
+    assert verdicts["blurred"].startswith("re-identifiable: "), verdicts
+    assert verdicts["remodeled"].startswith("not re-identified by either attacker"), verdicts
+
+
+def test_score_command_flags_a_whole_head_brain_mask(sample, tmp_path):
+    from AnonMRILib.io import save_volume
+    from AnonMRILib.sample_data import sample_head_path
+    from AnonMRILib.transforms.head_mask import head_mask_array
+
+    head, _ = sample
+    whole_head = save_volume(head.with_array(head_mask_array(head.array).astype(np.uint8)), tmp_path / "head.nii.gz",
+                             like=np.uint8)
+    done = subprocess.run([sys.executable, "-m", "AnonMRILib", "score", str(sample_head_path()), str(sample_head_path()),
+                           "--brain-mask", str(whole_head), "--no-renderings", "--json"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    if done.returncode == 2:  # the command line refuses implausible masks outright (plausibility checks)
+        assert "brain mask" in done.stderr and done.stdout == ""
+    else:
+        assert done.returncode == 0, done.stderr
+        scores = json.loads(done.stdout)
+        assert scores["brain"]["mask_check"]["plausible"] is False and "implausible" in scores["verdict"]
+
+
 # --- the evaluation script end to end ---------------------------------------------------------
 def _load_script():
     import importlib.util
@@ -346,7 +430,7 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
         subjects_per_head=5, n_options=3, working_spacing_mm=6.0, render_grid_size=32, render_size=32, blur_sigma_px=1.0,
         attacker_image_size=32, attacker_channels=[4, 8], attacker_embedding_dim=8, training_steps=4,
         training_batch_size=4, n_splits=2, identification_repeats=2, bootstrap_resamples=50, tissue_scans=1,
-        alpha_points=11)
+        alpha_points=11, recognizer_views=[[0.0, 0.0], [20.0, 0.0]], recognizer_render_size=64)
     out, work = tmp_path / "report", tmp_path / "work"
     result = script.evaluate(config, out, work, save_attacker=tmp_path / "reid.safetensors",
                              save_reference=tmp_path / "reference.npz", reference_count=3)
@@ -365,6 +449,16 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     for name in ("top_alpha", "identification_rate", "renderings_grid", "attacker_loss"):
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.json").is_file()
     assert "| ORIGINAL |" in (out / "report.md").read_text()
+    # the open recognizer beside the Siamese attacker, every method, over all subjects and within heads
+    recognizer = saved["open_recognizer"]
+    assert list(recognizer["methods"]) == methods and recognizer["methods"]["BLACK"]["any_detection_fraction"] == 0
+    for method in methods:
+        entry = saved["summary"][method]
+        assert 0.0 <= entry["recognizer_top1_all"] <= entry["recognizer_top5_all"] <= 1.0
+        assert entry["recognizer_top5_within_head"] == 1.0  # 5 subjects of one head: top-5 of 5
+        assert entry["siamese_5way_within_head"] is not None  # one head: within head = all held-out subjects
+    assert recognizer["calibration"]["same_subject"]["n"] == 5
+    assert "Both attackers" in (out / "report.md").read_text()
     assert SiameseNetwork.load(tmp_path / "reid.safetensors").config.image_size == 32
     with np.load(tmp_path / "reference.npz") as reference:
         assert reference["renderings"].shape == (3, 32, 32) and reference["renderings"].dtype == np.uint8
@@ -378,6 +472,23 @@ def test_evaluate_privacy_tiny_end_to_end(tmp_path, monkeypatch):
     assert "### Why goals are missed\n\nThe hull *keeps* the outline." in report
     assert json.loads((tmp_path / "report2" / "privacy.json").read_text())["discussion"].startswith("The hull")
     assert "Why goals are missed" not in (out / "report.md").read_text()
+
+
+def test_open_recognizer_gallery_ranks_and_equal_error_threshold():
+    from AnonMRILib.evaluation.privacy_attacks import _threshold_at_equal_error, gallery_ranks
+
+    gallery = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    subjects = np.array(["a", "b", "c"])
+    probes = np.array([[0.1, 0.0], [0.1, 0.0], [np.nan, np.nan]])
+    rng = np.random.default_rng(0)
+    ranks = gallery_ranks(probes, gallery, np.array(["a", "b", "c"]), subjects, rng)
+    assert ranks[0] == 1 and ranks[1] == 2  # only a is nearer to (0.1, 0) than b; c is farther
+    assert 1 <= ranks[2] <= 3  # no face: a random guess
+    faceless_gallery = gallery.copy()
+    faceless_gallery[0] = np.nan
+    assert gallery_ranks(probes[:1], faceless_gallery, np.array(["a"]), subjects, rng)[0] == 3  # ranks last
+    eer = _threshold_at_equal_error(np.array([0.1, 0.12, 0.2]), np.array([0.3, 0.4, 0.15]))
+    assert eer["threshold"] in (0.15, 0.12) and eer["false_match_rate"] <= 1 / 3
 
 
 def test_evaluate_privacy_configuration_errors(tmp_path):

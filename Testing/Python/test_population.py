@@ -159,3 +159,41 @@ def test_adni_and_flat_folders(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError):
         find_t1w_images(tmp_path / "empty")
+
+
+# --- face-shaped identities (MakeHuman targets) -----------------------------------------------
+def test_face_targets_pair_opposites_and_weights_are_deterministic():
+    from AnonMRILib.datasets.face_shape import load_face_shape_model, random_target_weights, target_pairs
+
+    model = load_face_shape_model()
+    names = model.target_names
+    assert {"nose-hump-incr", "chin-prominent-decr", "l-ear-lobe-incr", "forehead-temple-decr"} <= set(names)
+    pairs = target_pairs(names)
+    by_name = {(names[a] if a >= 0 else None, names[b]) for a, b in pairs}
+    assert ("nose-hump-decr", "nose-hump-incr") in by_name and ("nose-trans-down", "nose-trans-up") in by_name
+    assert sorted(i for pair in pairs for i in pair if i >= 0) == list(range(len(names)))  # each target once
+    weights = random_target_weights(model, np.random.default_rng(5), 0.5)
+    assert np.array_equal(weights, random_target_weights(model, np.random.default_rng(5), 0.5))
+    assert np.all(weights >= 0) and np.all(weights <= 1)
+    for a, b in pairs:  # one side of a pair at a time
+        assert a < 0 or weights[a] == 0 or weights[b] == 0
+    nose = model.displacement(np.array([n == "nose-scale-depth-incr" for n in names], dtype=float))
+    moved = np.linalg.norm(nose, axis=1) > 0.5
+    # the nose moves, in front of the face (mesh +z = front), nothing far behind it
+    assert moved.any() and model.vertices[moved, 2].min() > 80.0
+
+
+def test_face_shape_identity_moves_the_face_only(head):
+    config = PopulationConfig(seed=0, face_shape_amplitude=0.5)
+    plain = subject_variation(head, 0, PopulationConfig(seed=0))
+    shaped = subject_variation(head, 0, config)
+    other = subject_variation(head, 1, config)
+    difference = np.linalg.norm(shaped.displacement_voxels - plain.displacement_voxels, axis=0) * SPACING
+    brain = head.brain_mask.array != 0
+    assert np.all(difference[brain] == 0)  # exactly zero on the brain
+    anterior = head.volume.world_axis(1)
+    assert difference[anterior > 60.0].max() > 1.0  # the face and nose (the head reaches A = 90 mm)
+    # most of the change is in front (face targets; forehead targets also reach the crown)
+    assert np.sum(difference * anterior) / np.sum(difference) > 10.0  # measured: 17 mm
+    assert not np.allclose(shaped.displacement_voxels, other.displacement_voxels)
+    assert shaped.contrast_exponent == plain.contrast_exponent  # its own random stream
