@@ -39,7 +39,7 @@ LESION_LABEL = "Lesion-preserving anonymization"
 REMOVAL_LABEL_PREFIX = "Removal baseline: "
 
 #: removal baselines listed when ``AnonMRILib.pipelines.baselines`` cannot be imported to ask it
-FALLBACK_REMOVAL_METHODS = ("quickshear", "facemask", "deface", "skullstrip", "blur", "black")
+FALLBACK_REMOVAL_METHODS = ("quickshear", "facemask", "deface", "skullstrip", "blur", "black", "reface")
 
 #: library entry points: operation -> (module, function, what a user would call it)
 LIBRARY_FUNCTIONS = {

@@ -83,11 +83,13 @@ def check_png_path(path: Union[str, Path], inputs: Iterable[Union[str, Path, Non
 
 
 def save_png(image: np.ndarray, path: Union[str, Path]) -> Path:
-    """Write a 2-D grey image (float in [0, 1] or uint8) as an 8-bit PNG, atomically."""
+    """Write a 2-D grey image (float in [0, 1] or uint8) as an 8-bit PNG, atomically (missing
+    folders are created, as for every output)."""
     from PIL import Image
 
     path = check_png_path(path)
     parent = path.parent if str(path.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
     pixels = np.round(_as_unit_float(image) * 255.0).astype(np.uint8)
     handle, temporary = tempfile.mkstemp(prefix=".tmp_", suffix=".png", dir=str(parent))
     os.close(handle)

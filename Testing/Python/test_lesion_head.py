@@ -142,7 +142,8 @@ def test_cli_whole_head_face_method_none_warns(tmp_path, capsys):
     for name, volume in (("in.nii.gz", head), ("lesion.nii.gz", lesion), ("brain.nii.gz", brain)):
         save_volume(volume, tmp_path / name)
     common = ["--weights", str(weights), "--steps", "1", "--candidates", "2", "--quiet", "--device", "cpu",
-              "--input-kind", "head", "--brain-mask", str(tmp_path / "brain.nii.gz"), "--exact-lesion"]
+              "--input-kind", "head", "--brain-mask", str(tmp_path / "brain.nii.gz"), "--exact-lesion",
+              "--skip-plausibility-checks"]  # a small synthetic head
     base = ["lesion", str(tmp_path / "in.nii.gz"), str(tmp_path / "lesion.nii.gz")]
     with pytest.warns(UserWarning, match="identifiable"):
         assert main([*base, str(tmp_path / "out.nii.gz"), "--face-method", "none", *common]) == 0

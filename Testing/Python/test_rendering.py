@@ -149,8 +149,7 @@ def test_side_by_side_and_save_png(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["pair.png"]     # nothing temporary left behind
     with pytest.raises(InputError):
         save_png(figure, tmp_path / "pair.jpg")
-    with pytest.raises(InputError):
-        save_png(figure, tmp_path / "missing" / "pair.png")
+    assert save_png(figure, tmp_path / "new" / "folder" / "pair.png").is_file()   # missing folders are created
     with pytest.raises(InputError):
         side_by_side([left], ["a", "b"])
     with pytest.raises(InputError):
