@@ -21,10 +21,10 @@ Cleaning (the mean head's own artefacts showed through in renderings):
    largest component, holes filled, dilated by 1 voxel;
 2. the head multiplied by that mask smoothed with a Gaussian (sigma 1 mm), so that the air is 0
    and the skin ends in a soft edge (no frame, no speckle in front of the face);
-3. **neck**: the mean head ends in the upper neck; ``neck_extension_mm`` more are added below it by
-   repeating its smoothed lowest 10 mm with a tapering width, so that a patient scanned lower down still
-   has a neck to carry (what the patient's hull holds below the template is then template neck);
-4. **brain mask** by AnonMRI's default backend (HD-BET fold 0) on the cleaned head, and the
+3. **neck**: the mean head ends in the upper neck; nothing is added (an extension made by repeating
+   its lowest slices looked like a pipe); below it, the placement fills the patient's hull with a
+   plain neck (:mod:`AnonMRILib.transforms.anatomical_prior`, step 6);
+4. **brain mask** by the deepbet backend on the cleaned head, and the
    **convex hull** by the same privacy transform the patients get (K = 32, 100 facets, seed 0);
 5. everything resampled (linear, anti-aliased) to ``spacing_mm`` isotropic, RAS, cropped to the
    head plus 6 mm; the head stored as uint8 (its 99.9th percentile = 255), masks as uint8 0/1.
@@ -85,29 +85,6 @@ def correct_bias(array: np.ndarray, spacing_mm: float) -> np.ndarray:
     return np.transpose(sitk.GetArrayFromImage(corrected), (2, 1, 0)).astype(np.float32) - 1.0
 
 
-def extend_neck(array: np.ndarray, spacing_mm: float, extension_mm: float, taper: float = 0.9) -> np.ndarray:
-    """Step 3: ``extension_mm`` of neck below axis-2 index 0 (S axis, RAS): the neck's cross-section
-    (mean of its lowest 10 mm, smoothed in-plane by 2 mm) scaled in-plane about its centre down to
-    ``taper`` of its width at the bottom, blended into the original over the lowest 10 mm."""
-    from scipy import ndimage
-
-    slices = max(1, int(round(extension_mm / spacing_mm)))
-    slab = max(1, int(round(10.0 / spacing_mm)))
-    bottom = ndimage.gaussian_filter(array[:, :, :slab].mean(axis=2), 2.0 / spacing_mm)
-    weights = bottom > 0.2 * bottom.max()
-    centre = np.array(ndimage.center_of_mass(weights)) if weights.any() else np.array(bottom.shape) / 2.0
-    added = []
-    for index in range(slices, 0, -1):
-        zoom = 1.0 - (1.0 - taper) * index / slices
-        matrix = np.diag([1.0 / zoom, 1.0 / zoom])
-        offset = centre - matrix @ centre
-        added.append(ndimage.affine_transform(bottom, matrix, offset=offset, order=1))
-    array = array.copy()
-    blend = np.linspace(1.0, 0.0, slab, dtype=np.float32)
-    array[:, :, :slab] = blend * bottom[:, :, None] + (1.0 - blend) * array[:, :, :slab]
-    return np.concatenate([np.stack(added, axis=2), array], axis=2).astype(np.float32)
-
-
 def main(argv=None) -> int:
     import nibabel as nib
 
@@ -122,9 +99,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pydeface-data", type=Path, required=True, help="pydeface's data folder")
     parser.add_argument("--out", type=Path, default=OUTPUT_DIR)
     parser.add_argument("--spacing-mm", type=float, default=1.5)
-    parser.add_argument("--opening-mm", type=float, default=2.0)
-    parser.add_argument("--neck-extension-mm", type=float, default=40.0)
-    parser.add_argument("--brain-backend", default="hdbet", help="brain-mask backend for the template")
+    parser.add_argument("--opening-mm", type=float, default=3.0)
+    parser.add_argument("--brain-backend", default="deepbet", help="brain-mask backend for the template")
     args = parser.parse_args(argv)
 
     source = args.pydeface_data / "mean_reg2mean.nii.gz"
@@ -135,10 +111,7 @@ def main(argv=None) -> int:
     iso_shape = tuple(int(round(n * z / spacing)) for n, z in zip(image.shape[:3], image.header.get_zooms()[:3]))
     array = resample_arrays([np.asarray(image.dataobj, np.float32)], image.affine, iso_shape, iso_affine)[0]
     array = clean_average_head(correct_bias(array, spacing), spacing, args.opening_mm)
-    before = array.shape[2]
-    array = extend_neck(array, spacing, args.neck_extension_mm)
-    affine = iso_affine.copy()
-    affine[:3, 3] -= affine[:3, 2] * (array.shape[2] - before)
+    affine = iso_affine
     head = Volume(array, affine)
 
     print("brain mask of the cleaned average head (hdbet) ...", flush=True)
@@ -169,9 +142,9 @@ def main(argv=None) -> int:
     note = (f"\n\n# REFACE prior: attribution\n\n`reface_template_T1w.nii.gz`, `reface_template_brain_mask.nii.gz` and "
             f"`reface_template_convex_hull.nii.gz` are derived from the same pydeface 2.1.0 `mean_reg2mean.nii.gz` "
             f"(MIT licence, above; SHA-256 `{sha256_of(source)}`) by `Training/make_reface_template.py`: "
-            f"cleaned (opening {args.opening_mm} mm, largest component, soft edge), neck extended by "
-            f"{args.neck_extension_mm} mm, brain mask by HD-BET fold 0 (Apache-2.0), convex hull by AnonMRI's privacy "
-            f"transform, resampled to {args.spacing_mm} mm.\n")
+            f"N4-corrected, cleaned (opening {args.opening_mm} mm, 5 mm at the face, largest component, soft edge), "
+            f"brain mask by the {args.brain_backend} backend, convex hull by AnonMRI's privacy transform, resampled to "
+            f"{args.spacing_mm} mm.\n")
     attribution = args.out / "ATTRIBUTION.md"
     text = attribution.read_text() if attribution.is_file() else ""
     marker = "\n\n# REFACE prior: attribution"

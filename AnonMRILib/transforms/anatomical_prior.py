@@ -100,14 +100,19 @@ def _to_sitk(array: np.ndarray, affine: np.ndarray):
     return numpy_to_simpleitk(np.ascontiguousarray(array, dtype=np.float32), affine)
 
 
+def box_corners(low: Sequence[int], high: Sequence[int]) -> np.ndarray:
+    """(8, 3) float64 voxel indices of the corners of the box [low, high]."""
+    return np.array([[a, b, c] for a in (low[0], high[0]) for b in (low[1], high[1]) for c in (low[2], high[2])],
+                    dtype=np.float64)
+
+
 def registration_grid(mask: Volume, spacing_mm: float, margin_mm: float = 20.0) -> Tuple[Tuple[int, int, int], np.ndarray]:
     """RAS-aligned grid (shape, affine) at ``spacing_mm`` over ``mask``'s bounding box plus ``margin_mm``."""
     indices = np.argwhere(np.asarray(mask.array) != 0)
     if indices.size == 0:
         raise InputError("the convex hull is empty; cannot place the anatomical prior")
     low, high = indices.min(axis=0), indices.max(axis=0)
-    corners = np.array([[a, b, c] for a in (low[0], high[0]) for b in (low[1], high[1]) for c in (low[2], high[2])],
-                       dtype=np.float64)
+    corners = box_corners(low, high)
     world = mask.world_coordinates(corners)
     start, stop = world.min(axis=0) - margin_mm, world.max(axis=0) + margin_mm
     shape = tuple(int(np.ceil((b - a) / spacing_mm)) + 1 for a, b in zip(start, stop))
@@ -207,8 +212,6 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
     """
     import SimpleITK as sitk
 
-    from ..io.readers import simpleitk_to_numpy
-
     config = config or AnatomicalPriorConfig()
     if not brain_mask.same_grid(convex_hull):
         raise InputError("the brain mask and the convex hull must share one grid")
@@ -277,8 +280,7 @@ def _bounding_box(mask: np.ndarray, affine: np.ndarray, target: Volume) -> List[
     """Index ranges of ``target``'s grid covering the world bounding box of ``mask`` (grid ``affine``)."""
     indices = np.argwhere(mask)
     low, high = indices.min(axis=0), indices.max(axis=0)
-    corners = np.array([[a, b, c] for a in (low[0], high[0]) for b in (low[1], high[1]) for c in (low[2], high[2])],
-                       dtype=np.float64)
+    corners = box_corners(low, high)
     world = np.c_[corners, np.ones(8)] @ affine.T
     target_index = world @ np.linalg.inv(target.affine).T
     start = np.clip(np.floor(target_index[:, :3].min(axis=0)).astype(int) - 1, 0, target.shape)
