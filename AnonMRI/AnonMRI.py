@@ -752,7 +752,7 @@ class AnonMRITest(ScriptedLoadableModuleTest):
         self.delayDisplay("Round trip ok")
 
     def _availableMethod(self):
-        """CP-GAN when its bundled weights are installed, else the first removal baseline there is."""
+        """CP-GAN when its bundled weights can be found, else the first removal baseline there is."""
         for label in METHOD_LABELS:
             operation, _removal = core.parse_method_label(label)
             if operation == core.LESION:
@@ -762,9 +762,12 @@ class AnonMRITest(ScriptedLoadableModuleTest):
             except core.MissingFeatureError:
                 continue
             if operation == core.REMODEL:
-                from AnonMRILib.models.cpgan_weights import DEFAULT_WEIGHTS
+                from AnonMRILib.errors import WeightsError
+                from AnonMRILib.models.cpgan_weights import default_weights_file
 
-                if not DEFAULT_WEIGHTS.is_file():
+                try:
+                    default_weights_file()  # the package's, $ANONMRI_WEIGHTS_DIR, the user cache, or fetched
+                except WeightsError:
                     continue
             return label
         return None

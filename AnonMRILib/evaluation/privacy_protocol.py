@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, WeightsError
 from ..io import Volume, load_volume
 from ..models.model_card import sha256_of
 
@@ -213,18 +213,19 @@ class Anonymizers:
                             else "REFACE left out: AnonMRILib.pipelines.baselines has no 'reface' method")
 
     def _find_cpgan_weights(self) -> Optional[Path]:
-        """The weights asked for (which must exist), else the shipped ones, else None (left out)."""
+        """The weights asked for (which must exist), else the shipped ones (found or fetched), else None (left out)."""
         if self.config.cpgan_weights:
             path = Path(self.config.cpgan_weights)
             if not path.is_file():
                 raise InputError(f"CP-GAN weights not found: {path}")
             return path
-        from ..models.cpgan_weights import DEFAULT_WEIGHTS
+        from ..models.cpgan_weights import default_weights_file
 
-        if Path(DEFAULT_WEIGHTS).is_file():
-            return Path(DEFAULT_WEIGHTS)
-        self.cpgan_note = f"CP-GAN left out: no weights at {DEFAULT_WEIGHTS}"
-        return None
+        try:
+            return default_weights_file()
+        except WeightsError as error:
+            self.cpgan_note = f"CP-GAN left out: {error}"
+            return None
 
     def available(self, method: str) -> bool:
         if method == "REFACE":

@@ -60,7 +60,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ..errors import DependencyError, InputError
+from ..errors import DependencyError, InputError, WeightsError
 from ..io.volume import Volume, require_same_grid, require_usable_image
 from ..progress import ProgressCallback, report, sub_progress
 
@@ -167,9 +167,9 @@ def _anonymity(anonymized_image: np.ndarray, original_image: np.ndarray, referen
 
 def _attacker_rank(anonymized_image: np.ndarray, original_image: np.ndarray, references: np.ndarray,
                    weights) -> Dict[str, Any]:
-    from ..models.reidentification import DEFAULT_WEIGHTS, SiameseNetwork
+    from ..models.reidentification import SiameseNetwork
 
-    network = SiameseNetwork.load(weights or DEFAULT_WEIGHTS, device="cpu")
+    network = SiameseNetwork.load(weights or None, device="cpu")
     query = network.embed(anonymized_image[None])[0]
     candidates = network.embed(np.concatenate([original_image[None], references]))
     distances = np.linalg.norm(candidates - query, axis=1)
@@ -368,14 +368,19 @@ def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volum
     result["anonymity"]["reference_set"] = references["source"]
     result["notes"].append("reference heads are generated from a few real heads, not a population of real "
                            "people: anonymity and rank are indicative")
-    from ..models.reidentification import DEFAULT_WEIGHTS
+    from ..models.reidentification import default_weights_file
 
-    weights = attacker_weights or DEFAULT_WEIGHTS
-    if attacker_weights is None and not Path(weights).is_file():
-        result["notes"].append("no attacker weights: attacker rank skipped")
+    missing = None
+    if not attacker_weights:
+        try:
+            default_weights_file()
+        except WeightsError as error:
+            missing = str(error)
+    if missing is not None:
+        result["notes"].append(f"no attacker weights: attacker rank skipped ({missing})")
     else:
         report(progress, 0.85, "re-identification attacker")
-        result["attacker"] = _attacker_rank(anonymized_image, original_image, images, weights)
+        result["attacker"] = _attacker_rank(anonymized_image, original_image, images, attacker_weights)
     if "recognizer" in references:
         report(progress, 0.9, "open face recognizer")
         try:

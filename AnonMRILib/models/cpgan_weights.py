@@ -18,8 +18,21 @@ from ..errors import WeightsError
 from .model_card import sha256_of, verify_sha256
 
 MODEL_NAME = "cpgan-generator"
-#: the shipped weights (inside the installed package)
-DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / "cpgan_s64.safetensors"
+#: the shipped weights' name in the weights folder (found by :func:`default_weights_file`)
+WEIGHTS_NAME = "cpgan_s64.safetensors"
+#: where the shipped weights sit in the installed package; when the file is not there,
+#: :func:`default_weights_file` finds it in ``$ANONMRI_WEIGHTS_DIR``, the user cache, or fetches it
+DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / WEIGHTS_NAME
+
+
+def default_weights_file(progress=None) -> Path:
+    """The shipped CP-GAN weights, through :func:`AnonMRILib.weights_store.resolve_weights_file`.
+
+    :class:`WeightsError` (what is missing, where it was looked for, how to provide it) when absent.
+    """
+    from ..weights_store import resolve_weights_file
+
+    return resolve_weights_file(WEIGHTS_NAME, progress=progress, what="CP-GAN weights")
 
 
 def card_path(weights_path: Union[str, Path]) -> Path:
@@ -52,9 +65,13 @@ def save_generator(path: Union[str, Path], generator, card: Dict[str, Any]) -> D
     return card
 
 
-def read_card(weights_path: Union[str, Path]) -> Dict[str, Any]:
-    """The model card of ``weights_path`` (WeightsError when missing or not valid JSON)."""
-    path = card_path(weights_path)
+def read_card(weights_path: Union[str, Path], card: Optional[Union[str, Path]] = None) -> Dict[str, Any]:
+    """The model card of ``weights_path`` (WeightsError when missing or not valid JSON).
+
+    ``card``: the card's path when it is not beside the weights (the shipped card stays in the
+    package while the weights may come from another folder).
+    """
+    path = Path(card) if card is not None else card_path(weights_path)
     if not path.is_file():
         raise WeightsError(f"model card {path} is missing (it must sit beside the weights file)")
     try:
@@ -70,18 +87,24 @@ def load_generator(weights_path: Optional[Union[str, Path]] = None, device: Any 
                    check_sha256: bool = True) -> Tuple[Any, Dict[str, Any]]:
     """(CPGANGenerator in eval mode on ``device``, model card) from a safetensors file + card.
 
-    ``weights_path`` defaults to the shipped :data:`DEFAULT_WEIGHTS`.
+    ``weights_path`` defaults to the shipped weights (:func:`default_weights_file`, with the
+    shipped card); a path given is used as it is, its card beside it.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from .cpgan import CPGANConfig, CPGANGenerator
 
-    path = Path(weights_path) if weights_path is not None else DEFAULT_WEIGHTS
-    if not path.is_file():
-        hint = " (the shipped weights are missing from this installation)" if weights_path is None else ""
-        raise WeightsError(f"CP-GAN weights {path} not found{hint}")
-    card = read_card(path)
+    if weights_path is None:
+        from ..weights_store import resolve_weights_file
+
+        path = default_weights_file()
+        card = read_card(path, resolve_weights_file(card_path(WEIGHTS_NAME).as_posix(), what="CP-GAN model card"))
+    else:
+        path = Path(weights_path)
+        if not path.is_file():
+            raise WeightsError(f"CP-GAN weights {path} not found")
+        card = read_card(path)
     if check_sha256:
         verify_sha256(path, card.get("sha256", ""), what="CP-GAN weights")
     try:

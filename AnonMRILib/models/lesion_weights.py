@@ -19,7 +19,7 @@ PathLike = Union[str, Path]
 
 
 def default_weights_dir() -> Path:
-    """The package's ``weights`` folder."""
+    """The package's ``weights`` folder (the shipped files may also come from elsewhere: :func:`resolve_weights`)."""
     return Path(__file__).resolve().parents[1] / "weights"
 
 
@@ -81,8 +81,17 @@ def load_lesion_diffusion(path: PathLike, device="cpu") -> Tuple[object, float, 
 
 
 def resolve_weights(weights: Optional[PathLike]) -> Tuple[Path, Path]:
-    """(VAE file, diffusion file) from a folder holding both, or the package's weights when None."""
-    folder = default_weights_dir() if weights is None else Path(weights)
+    """(VAE file, diffusion file) from a folder holding both, or the shipped weights when None.
+
+    The shipped files are found by :func:`AnonMRILib.weights_store.resolve_weights_file` (package,
+    ``$ANONMRI_WEIGHTS_DIR``, user cache, download), each verified against the manifest.
+    """
+    if weights is None:
+        from ..weights_store import resolve_weights_file
+
+        return (resolve_weights_file(VAE_FILE, what="lesion VAE weights"),
+                resolve_weights_file(DIFFUSION_FILE, what="lesion diffusion weights"))
+    folder = Path(weights)
     if not folder.is_dir():
         raise WeightsError(f"weights folder {folder} does not exist (it must hold {VAE_FILE} and {DIFFUSION_FILE})")
     vae, diffusion = folder / VAE_FILE, folder / DIFFUSION_FILE

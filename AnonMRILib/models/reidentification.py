@@ -25,8 +25,18 @@ import numpy as np
 from ..errors import InputError, WeightsError
 from .model_card import sha256_of
 
-#: the shipped attacker, trained by ``Training/evaluate_privacy.py`` on ORIGINAL renderings
-DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / "reid_siamese.safetensors"
+#: the shipped attacker's name in the weights folder (trained by ``Training/evaluate_privacy.py`` on
+#: ORIGINAL renderings)
+WEIGHTS_NAME = "reid_siamese.safetensors"
+#: where the shipped attacker sits in the installed package (see :func:`default_weights_file`)
+DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / WEIGHTS_NAME
+
+
+def default_weights_file() -> Path:
+    """The shipped attacker weights, through :func:`AnonMRILib.weights_store.resolve_weights_file`."""
+    from ..weights_store import resolve_weights_file
+
+    return resolve_weights_file(WEIGHTS_NAME, what="re-identification attacker weights")
 
 
 @dataclass(frozen=True)
@@ -144,12 +154,22 @@ class SiameseNetwork:
         return path
 
     @classmethod
-    def load(cls, path: Union[str, Path] = DEFAULT_WEIGHTS, device: str = "cpu") -> "SiameseNetwork":
-        """Load weights and card written by :meth:`save`; checks the card's SHA-256."""
+    def load(cls, path: Optional[Union[str, Path]] = None, device: str = "cpu") -> "SiameseNetwork":
+        """Load weights and card written by :meth:`save`; checks the card's SHA-256.
+
+        ``path`` None: the shipped attacker (:func:`default_weights_file`, with the shipped card).
+        """
         from safetensors.torch import load_file
 
-        path = Path(path)
-        card_path = path.with_suffix(".json")
+        if path is None:
+            from ..weights_store import resolve_weights_file
+
+            path = default_weights_file()
+            card_path = resolve_weights_file(Path(WEIGHTS_NAME).with_suffix(".json").as_posix(),
+                                             what="re-identification attacker model card")
+        else:
+            path = Path(path)
+            card_path = path.with_suffix(".json")
         if not path.is_file() or not card_path.is_file():
             raise WeightsError(f"attacker weights not found: {path} (and its .json card); "
                                f"train them with Training/evaluate_privacy.py")

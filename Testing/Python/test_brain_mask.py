@@ -142,11 +142,15 @@ def test_unknown_backend_is_refused(head):
 
 
 def _copy_card(tmp_path, card_file):
-    """The brain-extraction model card ``card_file`` copied to ``tmp_path`` (weights linked)."""
-    from AnonMRILib.transforms.brain_extraction.common import WEIGHTS_DIR
+    """The brain-extraction model card ``card_file`` copied to ``tmp_path`` (weights linked, those not
+    shipped in the package, HD-BET's fold 0, from where the weights store finds them)."""
+    from AnonMRILib.transforms.brain_extraction.common import WEIGHTS_DIR, weights_file
 
     for path in WEIGHTS_DIR.iterdir():
         (tmp_path / path.name).symlink_to(path)
+    hdbet_file = json.loads((WEIGHTS_DIR / "hdbet.json").read_text())["file"]
+    if not (tmp_path / hdbet_file).exists():
+        (tmp_path / hdbet_file).symlink_to(weights_file(None, hdbet_file))
     (tmp_path / card_file).unlink()
     return json.loads((WEIGHTS_DIR / card_file).read_text())
 

