@@ -463,12 +463,16 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         p.outputVolume = outputNode
         slicer.util.setSliceViewerLayers(background=outputNode, fit=True)
         self.ui.statusLabel.text = _("Done in {seconds:.0f} s: '{name}'.").format(
-            seconds=status.elapsed_s, name=outputNode.GetName())
-        if self.logic.originalDataInScene():  # before the user can save the scene with the original
-            self.ui.statusLabel.text += " " + _("The scene still holds the original: share the result with "
-                                                "Export (a saved scene would include the original).")
+            seconds=status.elapsed_s, name=outputNode.GetName()) + self._originalInSceneWarning()
         self._startPreview(inputNode, outputNode)
         self._startScores(inputNode, outputNode, self._runNode("brainMask"))
+
+    def _originalInSceneWarning(self) -> str:
+        """The status line's warning that the scene still holds the original (before the user saves it), or ""."""
+        if not self.logic.originalDataInScene():
+            return ""
+        return " " + _("The scene still holds the original: share the result with Export (a saved scene would "
+                       "include the original).")
 
     def onCancelButton(self) -> None:
         self._poller.cancel_all()  # kills the worker processes now
@@ -559,12 +563,17 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             table = self.logic.scoresTable(scores, p.scoresTable)
             p.scoresTable = table
             self._showScoresTable(table)
+            # one verdict per scan, as the library words it (with the warning of a wrong brain mask)
+            self.ui.statusLabel.text = self.logic.scoresSummary(scores) + self._originalInSceneWarning()
 
         entry, volumes, options = jobs.scores_job(request)
         self._startJob(entry, volumes, options, "scores", lambda result, status: showScores(result["scores"], status))
 
     def _showScoresTable(self, tableNode=None) -> None:
         self.ui.scoresTableView.setMRMLTableNode(tableNode)
+        shown = mrml.scores_from_table_node(tableNode) if tableNode is not None else {}
+        # the verdict of the table shown (any other table: nothing)
+        self.ui.scoresVerdictLabel.text = self.logic.scoresSummary(shown) if mrml.scores_verdict(shown) else ""
 
 
 #
@@ -829,6 +838,11 @@ class AnonMRITest(ScriptedLoadableModuleTest):
         else:
             self.assertIsNotNone(p.scoresTable)
             self.assertGreater(p.scoresTable.GetNumberOfRows(), 0)
+            # one verdict per scan: the table's first row and the status say it
+            shown = mrml.scores_from_table_node(p.scoresTable)
+            self.assertEqual(list(shown)[0], mrml.VERDICT_ROW)
+            self.assertEqual(widget.ui.statusLabel.text.split(" The scene still")[0], "Verdict: " + shown["Verdict"])
+            self.assertEqual(widget.ui.scoresVerdictLabel.text, "Verdict: " + shown["Verdict"])
         widget.onShow3DButton()
         self.assertEqual(slicer.app.layoutManager().layout, slicer.vtkMRMLLayoutNode.SlicerLayoutDual3DView)
 

@@ -308,11 +308,24 @@ def run_scores(request: ScoresRequest, progress: Optional[ProgressCallback] = No
                                             progress=rest, device=request.device))
 
 
+def scores_summary(scores) -> str:
+    """What the panel's status shows after scoring: ``"Verdict: <verdict>"`` with ``scan_scores``'
+    verdict word for word (it carries the brain-mask plausibility warning when the mask was wrong)."""
+    verdict = mrml.scores_verdict(scores or {})
+    if verdict is None:
+        return "Scores computed; this AnonMRILib gives no verdict (see the table)."
+    return f"Verdict: {verdict}"
+
+
 #: node attribute saying what AnonMRI made a node for (its outputs) or read it as (the original)
 ROLE_ATTRIBUTE = "AnonMRI.Role"
 ANONYMIZED_ROLE, BRAIN_MASK_ROLE, SCORES_ROLE, ORIGINAL_ROLE = "anonymized", "brainMask", "scores", "original"
 #: on a brain mask AnonMRI computed: the ID of the volume node it belongs to
 COMPUTED_FOR_ATTRIBUTE = "AnonMRI.ComputedFor"
+#: on an anonymized volume: the ID of the volume node it was made from (its DICOM series is
+#: what a DICOM export writes into) and the method key ("remodel", "lesion", a removal method)
+MADE_FROM_ATTRIBUTE = "AnonMRI.MadeFrom"
+METHOD_ATTRIBUTE = "AnonMRI.Method"
 #: AnonMRI's own subject-hierarchy folder (outside any patient / study of the original)
 RESULTS_FOLDER = "AnonMRI results"
 #: subject-hierarchy attributes that identify a patient or a study (the DICOM module sets them)
@@ -435,7 +448,7 @@ def original_data_in_scene(scene) -> List[str]:
 
 def export_formats() -> List[str]:
     """File suffixes :meth:`AnonMRILogicCore.exportAnonymized` can write, as the library offers them
-    (``AnonMRILib.io.formats.WRITE_SUFFIXES``, plus ``"DICOM"`` when the library has a DICOM writer
+    (``AnonMRILib.io.formats.WRITE_SUFFIXES``, plus ``"DICOM"`` when DICOM output works here:
     :func:`dicom_writer`)."""
     from AnonMRILib.io.formats import WRITE_SUFFIXES
 
@@ -447,40 +460,120 @@ def export_formats() -> List[str]:
 
 
 DICOM_FORMAT = "DICOM"
-#: where a DICOM writer of the library is looked for: (module, function(volume, folder, ...))
-DICOM_WRITERS = (("AnonMRILib.io.dicom_writer", "save_dicom_series"), ("AnonMRILib.io.writers", "save_dicom_series"),
-                 ("AnonMRILib.io.dicom", "save_dicom_series"))
+#: the library's DICOM writer: (module, function(volume, source_folder, out_folder, config), config
+#: class). It writes the volume back into a copy of the original series, de-identified under DICOM
+#: PS3.15 (new UIDs, a pseudonymous patient), so it needs the original's DICOM files.
+DICOM_WRITERS = (("AnonMRILib.io.dicom_writer", "write_dicom_series", "DicomDeidentificationConfig"),)
+#: what the library's DICOM writer needs (distribution, lowest version); checked from metadata only
+DICOM_REQUIREMENTS = (("pydicom", "3.0"), ("dicom-anonymizer", "2.1"))
+#: the volume-node attribute where Slicer's DICOM module lists the SOP instance UIDs a volume was read from
+DICOM_INSTANCE_UIDS_ATTRIBUTE = "DICOM.instanceUIDs"
 
 
-def dicom_writer() -> Optional[Callable]:
-    """The library's DICOM series writer when this AnonMRILib has one (a new pseudonymous patient and
-    study, new UIDs), else None."""
-    for module_name, function_name in DICOM_WRITERS:
+def missing_dicom_requirements() -> List[str]:
+    """The packages DICOM output needs that are missing or too old (``pydicom>=3.0 (not installed)``)."""
+    from . import dependencies
+
+    missing = []
+    for distribution, minimum in DICOM_REQUIREMENTS:
+        requirement = dependencies.Requirement(distribution, minimum)
+        if not requirement.satisfied:
+            missing.extend(dependencies.describe([requirement]))
+    return missing
+
+
+def _dicom_writer_parts() -> Optional[tuple]:
+    """``(write function, config class)`` of the first :data:`DICOM_WRITERS` entry this AnonMRILib has."""
+    for module_name, function_name, config_name in DICOM_WRITERS:
         try:
             module = importlib.import_module(module_name)
         except ImportError:
             continue
-        function = getattr(module, function_name, None)
-        if callable(function):
-            return function
+        function, config = getattr(module, function_name, None), getattr(module, config_name, None)
+        if callable(function) and callable(config):
+            return function, config
     return None
 
 
+def dicom_writer(require_packages: bool = True) -> Optional[Callable]:
+    """The library's DICOM series writer (``write_dicom_series``) when this AnonMRILib has one and,
+    with ``require_packages``, the packages it needs are installed; else None."""
+    if require_packages and missing_dicom_requirements():
+        return None
+    parts = _dicom_writer_parts()
+    return parts[0] if parts else None
+
+
+def dicom_source_files(node, file_for_instance: Optional[Callable[[str], str]] = None) -> List[str]:
+    """The DICOM files ``node`` (the original volume) was loaded from, found through its
+    ``DICOM.instanceUIDs`` attribute and ``file_for_instance(uid)`` (default: Slicer's DICOM
+    database, ``slicer.dicomDatabase.fileForInstance``)."""
+    import os
+
+    uids = (node.GetAttribute(DICOM_INSTANCE_UIDS_ATTRIBUTE) or "").split() if node is not None else []
+    if not uids:
+        raise InputError("DICOM export writes the anonymized voxels back into the original's DICOM series, but "
+                         "the original volume was not loaded from DICOM; choose an image format")
+    if file_for_instance is None:
+        import slicer
+
+        database = getattr(slicer, "dicomDatabase", None)
+        if database is None:
+            raise InputError("DICOM export needs Slicer's DICOM database (open the DICOM module once)")
+        file_for_instance = database.fileForInstance
+    files = [file_for_instance(uid) or "" for uid in uids]
+    missing = sum(1 for path in files if not os.path.isfile(path))
+    if missing:
+        raise InputError(f"{missing} of the original's {len(files)} DICOM files are no longer in Slicer's DICOM "
+                         "database; import the original series again, or choose an image format")
+    return files
+
+
+def export_dicom(volume: Volume, source_files: Sequence[str], folder, method: str = "anonymized") -> str:
+    """Write ``volume`` (on the grid of the series ``source_files``, its own frame: no parent
+    transform) as a de-identified DICOM series into ``folder`` (created; an existing folder must
+    be empty), with the library's writer. All files appear or none. Returns the folder."""
+    import os
+    import shutil
+    import tempfile
+
+    from AnonMRILib.io.writers import OutputTransaction
+
+    parts = _dicom_writer_parts()
+    if parts is None:
+        raise MissingFeatureError("DICOM export is not available: this AnonMRILib has no "
+                                  "io.dicom_writer.write_dicom_series (update the AnonMRI extension)")
+    missing = missing_dicom_requirements()
+    if missing:
+        raise DependencyError("DICOM export needs " + "; ".join(missing))
+    writer, config_class = parts
+    config = config_class(method=str(method))
+    source = tempfile.mkdtemp(prefix="anonmri-dicom-")  # private (0700): only the original series
+    try:
+        for number, path in enumerate(source_files, start=1):
+            link = os.path.join(source, f"{number:05d}.dcm")
+            try:
+                os.symlink(os.path.abspath(path), link)
+            except (OSError, NotImplementedError):  # no symlinks (Windows without the privilege)
+                shutil.copyfile(path, link)
+        with OutputTransaction() as outputs:
+            outputs.add_folder(folder, lambda staged: writer(volume, source, staged, config))
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
+    return str(folder)
+
+
 def export_volume(volume: Volume, path) -> str:
-    """Write ``volume`` to ``path``: an image file (suffix of :func:`export_formats`) or, for a
-    folder path when the library writes DICOM, a DICOM series under a new pseudonymous patient."""
+    """Write ``volume`` to the image file ``path`` (a suffix of :func:`export_formats`)."""
     import os
 
     from AnonMRILib.io.formats import image_suffix
     from AnonMRILib.io.writers import save_volume
 
     path = str(path)
-    if image_suffix(path):
-        return str(save_volume(volume, path))
-    writer = dicom_writer()
-    if writer is None:
+    if not image_suffix(path):
         raise InputError(f"{os.path.basename(path)}: choose one of {', '.join(export_formats())}")
-    return str(writer(volume, path))
+    return str(save_volume(volume, path))
 
 
 def check_weights_path(operation: str, weights: str) -> None:
@@ -558,6 +651,9 @@ class AnonMRILogicCore:
         name = neutral_output_name(scene, request.output_name or short_method_name(request.operation, request.method))
         node = mrml.add_volume_node(scene, output, name, parent_transform_node=transform)
         mark_result(node, ANONYMIZED_ROLE)
+        node.SetAttribute(METHOD_ATTRIBUTE, request.method if request.operation == DEFACE else request.operation)
+        if volumeNode is not None:
+            node.SetAttribute(MADE_FROM_ATTRIBUTE, volumeNode.GetID())
         set_default_file_name(node, name)
         return node
 
@@ -581,16 +677,40 @@ class AnonMRILogicCore:
         return self.addOutput(request, run_request(request, progress), volumeNode)
 
     # --- export and scene privacy ---------------------------------------------------------------
-    def exportAnonymized(self, node, path) -> str:
+    def exportAnonymized(self, node, path, originalNode=None,
+                         fileForInstance: Optional[Callable[[str], str]] = None) -> str:
         """Write only the anonymized ``node`` to ``path`` (a format of :func:`export_formats`).
 
-        The file is written from the voxels and geometry alone (``AnonMRILib.io.writers``): no
-        node name, attribute or subject-hierarchy value of the scene goes into it. Only AnonMRI's
-        outputs can be exported this way. Returns the written path.
+        An image file (``path`` with an image suffix) is written from the voxels and geometry alone
+        (``AnonMRILib.io.writers``): no node name, attribute or subject-hierarchy value of the scene
+        goes into it. A folder ``path`` (format "DICOM") gets a DICOM series: the library writes the
+        voxels back into a copy of the original's series (``originalNode``, default: the volume the
+        output was made from; its files from Slicer's DICOM database, or ``fileForInstance(uid)``),
+        de-identified under DICOM PS3.15 (new UIDs, a pseudonymous patient). Into an existing
+        folder that is not empty, the series goes into a new subfolder named like the node.
+        Only AnonMRI's outputs can be exported this way. Returns the written path.
         """
+        import os
+
+        from AnonMRILib.io.formats import image_suffix
+
         if node is None or node.GetAttribute(ROLE_ATTRIBUTE) != ANONYMIZED_ROLE:
             raise InputError("only an anonymized volume made by AnonMRI can be exported here")
-        return str(export_volume(mrml.volume_from_node(node), path))
+        path = str(path)
+        if image_suffix(path) or dicom_writer(require_packages=False) is None:
+            return str(export_volume(mrml.volume_from_node(node), path))
+        if originalNode is None:
+            made_from = node.GetAttribute(MADE_FROM_ATTRIBUTE)
+            originalNode = self.mrmlScene().GetNodeByID(made_from) if made_from else None
+            if originalNode is None:
+                raise InputError("the volume this output was made from is no longer in the scene; DICOM export "
+                                 "writes into the original's DICOM series")
+        files = dicom_source_files(originalNode, fileForInstance)
+        if os.path.isdir(path) and os.listdir(path):
+            path = os.path.join(path, neutral_file_name(node.GetName(), ""))
+        # the DICOM series' own frame: the node's voxel grid without any parent transform
+        volume = mrml.volume_from_node(node, world=False)
+        return export_dicom(volume, files, path, method=node.GetAttribute(METHOD_ATTRIBUTE) or "anonymized")
 
     def originalDataInScene(self) -> List[str]:
         """What a saved scene would still hold of the original study: the input volumes AnonMRI
@@ -661,7 +781,8 @@ class AnonMRILogicCore:
         return run_scores(self.prepareScores(originalNode, anonymizedNode, brainMaskNode), progress)
 
     def scoresTable(self, scores: Dict[str, Any], tableNode=None, name: Optional[str] = None):
-        """Show ``scores`` in a table node (new, named "Scores 1", unless ``tableNode`` is given)."""
+        """Show ``scores`` in a table node (new, named "Scores 1", unless ``tableNode`` is given):
+        first the verdict ("Verdict", as ``scan_scores`` says it), its explanations, then the evidence."""
         scene = self.mrmlScene()
         if tableNode is None:
             name = name or neutral_name(scene, "Scores", SCORES_ROLE)
@@ -669,3 +790,10 @@ class AnonMRILogicCore:
         mark_result(table, SCORES_ROLE)
         set_default_file_name(table, table.GetName())
         return table
+
+    def scoresSummary(self, scores) -> str:
+        """The status line after scoring (see :func:`scores_summary`); ``scores``: the dict, or a
+        scores table node."""
+        if hasattr(scores, "GetTable"):
+            scores = mrml.scores_from_table_node(scores)
+        return scores_summary(scores)

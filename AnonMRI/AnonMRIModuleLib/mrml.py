@@ -303,32 +303,82 @@ def mask_from_node(mask_node, reference_node, names: Optional[Sequence[str]] = N
 
 
 # --- score tables -------------------------------------------------------------------------------
+#: name of the first row of a scores table: ``scan_scores``' ``verdict``, word for word
+VERDICT_ROW = "Verdict"
+#: name stem of the rows after it: ``scan_scores``' ``explanations`` (why contradicting evidence was
+#: resolved the way the verdict says), "Explanation 1", "Explanation 2", ...
+EXPLANATION_ROW = "Explanation"
+
+
+def _cell(value) -> Union[float, str]:
+    if isinstance(value, (bool, np.bool_)):
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def flatten_scores(scores: Mapping, prefix: str = "") -> List[Tuple[str, Union[float, str]]]:
-    """``{"a": 1, "b": {"c": 2}}`` -> ``[("a", 1.0), ("b.c", 2.0)]``; non-numbers become text."""
+    """``{"a": 1, "b": {"c": 2}, "d": ["x", "y"]}`` -> ``[("a", 1.0), ("b.c", 2.0), ("d.1", "x"),
+    ("d.2", "y")]``; non-numbers become text, list items are numbered from 1."""
     rows: List[Tuple[str, Union[float, str]]] = []
     for key, value in scores.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             rows.extend(flatten_scores(value, prefix=name + "."))
-            continue
-        if isinstance(value, (bool, np.bool_)):
-            rows.append((name, float(value)))
-            continue
-        try:
-            rows.append((name, float(value)))
-        except (TypeError, ValueError):
-            rows.append((name, str(value)))
+        elif isinstance(value, (list, tuple)):
+            for number, item in enumerate(value, start=1):
+                if isinstance(item, Mapping):
+                    rows.extend(flatten_scores(item, prefix=f"{name}.{number}."))
+                else:
+                    rows.append((f"{name}.{number}", _cell(item)))
+        else:
+            rows.append((name, _cell(value)))
     return rows
 
 
-def scores_table_node(scene, scores: Mapping, name: str = "AnonMRI scores", table_node=None):
-    """A ``vtkMRMLTableNode`` with one row per score: columns ``Score`` (text) and ``Value``.
+def _is_explanation(name: str) -> bool:
+    import re
 
-    Numeric values go into a double column ``Value``; text values (if any) into ``Text``.
+    return bool(re.fullmatch(r"explanations\.\d+|" + EXPLANATION_ROW + r" \d+", name))
+
+
+def scores_table_rows(scores: Mapping) -> List[Tuple[str, Union[float, str]]]:
+    """The rows of a scores table: ``("Verdict", the verdict)`` first, then ``("Explanation 1", ...)``
+    for each explanation, then the evidence (flattened names, as :func:`flatten_scores`).
+
+    ``scores`` is :func:`AnonMRILib.evaluation.scores.scan_scores`' dict, nested or flattened (what
+    the worker sends back), or what :func:`scores_from_table_node` read from a table. The verdict
+    and the explanations are kept word for word; scores without a verdict have no verdict row.
+    """
+    rows = flatten_scores(scores)
+    verdict = [(VERDICT_ROW, str(value)) for name, value in rows if name in ("verdict", VERDICT_ROW)][:1]
+    explanations = [(f"{EXPLANATION_ROW} {number}", str(value)) for number, (_, value)
+                    in enumerate([row for row in rows if _is_explanation(row[0])], start=1)]
+    evidence = [row for row in rows if row[0] not in ("verdict", VERDICT_ROW, "explanations")
+                and not _is_explanation(row[0])]
+    return verdict + explanations + evidence
+
+
+def scores_verdict(scores: Mapping) -> Optional[str]:
+    """The verdict in ``scores`` (nested, flattened or read from a table), or None."""
+    for key in ("verdict", VERDICT_ROW):
+        if scores.get(key) not in (None, ""):
+            return str(scores[key])
+    return None
+
+
+def scores_table_node(scene, scores: Mapping, name: str = "AnonMRI scores", table_node=None):
+    """A ``vtkMRMLTableNode`` of :func:`scores_table_rows`: columns ``Score`` (the row's name),
+    ``Value`` (numbers) and ``Text`` (text: the verdict, its explanations, notes).
+
+    The first row is the verdict ("Verdict", the library's sentence as it is), so one line says
+    whether the scan is re-identifiable; the evidence follows.
     """
     import vtk
 
-    rows = flatten_scores(scores)
+    rows = scores_table_rows(scores)
     if table_node is None:
         table_node = scene.AddNewNodeByClass("vtkMRMLTableNode", scene.GenerateUniqueName(name))
     was_modifying = table_node.StartModify()
@@ -359,12 +409,15 @@ def scores_table_node(scene, scores: Mapping, name: str = "AnonMRI scores", tabl
 
 
 def scores_from_table_node(table_node) -> Dict[str, Union[float, str]]:
-    """The ``{score: value}`` a :func:`scores_table_node` table holds (flattened names)."""
+    """The ``{score: value}`` a :func:`scores_table_node` table holds (its row names: "Verdict",
+    "Explanation 1", ..., then flattened names)."""
     table = table_node.GetTable()
     names = table.GetColumnByName("Score")
     values = table.GetColumnByName("Value")
     texts = table.GetColumnByName("Text")
     result: Dict[str, Union[float, str]] = {}
+    if names is None or values is None:
+        return result
     for row in range(table.GetNumberOfRows()):
         value = values.GetValue(row)
         if texts is not None and texts.GetValue(row):

@@ -207,6 +207,8 @@ def test_scores_through_the_logic_fill_a_table(scene, head_nodes):
     assert isinstance(scores, dict) and scores
     table = logic.scoresTable(scores)
     assert table.GetNumberOfRows() == len(mrml.flatten_scores(scores))
+    assert list(mrml.scores_from_table_node(table))[0] == mrml.VERDICT_ROW == "Verdict"
+    assert logic.scoresSummary(table) == "Verdict: " + scores["verdict"]
 
 
 def test_load_sample_adds_the_embedded_head_and_its_brain_mask(scene):
