@@ -240,7 +240,10 @@ class Anonymizers:
         if method == "DEFACE":
             return f"DEFACE:{self.config.deface_registration_spacing_mm}"
         if method == "REFACE":
+            from ..transforms.anatomical_prior import TEMPLATE_DIR, TEMPLATE_FILES
+
             code = [LIBRARY_ROOT / "pipelines" / "reface.py", LIBRARY_ROOT / "transforms" / "anatomical_prior.py"]
+            code += [TEMPLATE_DIR / name for name in TEMPLATE_FILES]  # a new template is a new method
             return "REFACE:" + fingerprint([sha256_of(f) for f in code if f.is_file()])
         return method
 
