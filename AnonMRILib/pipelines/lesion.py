@@ -45,11 +45,13 @@ An empty lesion mask is refused (``InputError``) unless ``allow_empty_lesion=Tru
 every slice is generated with an empty M (the whole brain is remodeled; nothing is preserved).
 
 Whole-head inputs (:mod:`.lesion_head`): the "foreground" above is the brain mask (joined with the
-lesion) instead of the voxels above the minimum; only voxels inside it are replaced, and the face
-treatment of ``config.face_method`` is applied outside it, so the output is a complete head.
+lesion) instead of the voxels above the minimum; only voxels inside it are replaced (the generated
+brain is extended to fill all of it, ``fill_brain_mask``), and the face treatment of
+``config.face_method`` is applied outside it, so the output is a complete head.
 Generated voxels get the input's intensity distribution, noise level and sharpness
 (:mod:`AnonMRILib.transforms.appearance`, ``match_appearance``). Slices of a volume are generated
-in order, each conditioned on its generated neighbour (:class:`VolumeConsistencyConfig`).
+outward from the middle slice, each conditioned on its generated neighbour
+(:class:`VolumeConsistencyConfig`).
 """
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Tuple, Union
@@ -116,8 +118,14 @@ class SourceRepulsionConfig:
 @dataclass(frozen=True)
 class VolumeConsistencyConfig:
     """Consistent volumes (the paper anonymizes slices independently, its stated limitation):
-    slices are generated in order along the slice axis, each conditioned on the already generated
-    neighbour (:func:`anonymize_lesion_slices` with ``positions_mm``):
+    slices are generated along the slice axis, each conditioned on the already generated neighbour
+    (:func:`anonymize_lesion_slices` with ``positions_mm``). The order is two chains outward from
+    the middle slice, run in one batch (:func:`consistency_rounds`): every slice but the middle one
+    is conditioned on a neighbour, as in one bottom-to-top pass, at 0.78x its CPU time per slice
+    together with the channels-last decoder of :func:`load_lesion_models` (shipped models, 32
+    draws, one thread, old and new code alternated on a shared CPU: 257 vs 329 ms, median of 3).
+    Until then the volume was one chain from the lowest slice; the defaults below were chosen
+    then, the conditioning of a slice on its neighbour is the same:
 
     * the initial noise is an AR(1) process along depth: z_T(k) = rho z_T(k-1) + sqrt(1 - rho^2) eps,
       rho = exp(-gap_mm / ``noise_correlation_mm``), z_T(k-1) the kept draw's;
@@ -164,6 +172,14 @@ class LesionAnonymizationConfig:
     generated voxels the input's intensity distribution and sharpness
     (:mod:`AnonMRILib.transforms.appearance`; ``sharpness_target`` = wanted sharpness ratio).
     ``consistency``: :class:`VolumeConsistencyConfig` (None = independent slices, the paper's way).
+    ``fill_brain_mask``: whole-head inputs only -- give the brain-mask pixels that the generated
+    brain does not reach tissue extrapolated from it
+    (:func:`~AnonMRILib.pipelines.lesion_head.fill_brain_mask`) instead of the model's black
+    background; False keeps the previous behaviour (black, blocky holes at the brain's edge).
+    ``parallel_face``: whole-head inputs -- run the face treatment (it needs only the input and the
+    brain mask) in a second thread while the brain is generated, so a second core is used; the
+    output is the same either way (the face methods are seeded), only the face's progress is not
+    reported. Face method ``none`` always runs in line (it warns).
     """
 
     steps: int = 10
@@ -180,6 +196,8 @@ class LesionAnonymizationConfig:
     match_appearance: bool = True
     sharpness_target: float = 1.0
     consistency: Optional[VolumeConsistencyConfig] = VolumeConsistencyConfig()
+    fill_brain_mask: bool = True
+    parallel_face: bool = True
 
 
 @dataclass
@@ -210,6 +228,12 @@ def load_lesion_models(weights=None, device: str = "auto") -> LesionModels:
         from ..errors import WeightsError
 
         raise WeightsError("the VAE and diffusion weights were trained at different slice sizes")
+    if torch_device.type == "cpu":
+        import torch
+
+        # decoding the K draws of every slice at 64 x 64 runs ~2x faster per draw in channels-last
+        # memory on a CPU (same numbers up to float rounding, ~1e-7); the 8 x 8 denoiser gains nothing
+        autoencoder.joint_decoder.to(memory_format=torch.channels_last)
     return LesionModels(autoencoder, diffusion, scale, shift, torch_device)
 
 
@@ -305,8 +329,9 @@ def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.
     larger ``candidates`` with the same seed and batch size.
 
     ``positions_mm`` (N,) (the slices' positions along the slice axis of one volume) with a
-    ``consistency`` config: the slices are generated in that order, each conditioned on the kept
-    draw of the previous one (:class:`VolumeConsistencyConfig`); otherwise independently.
+    ``consistency`` config: each slice is conditioned on the kept draw of its neighbour along them,
+    generated outward from the middle slice (:class:`VolumeConsistencyConfig`,
+    :func:`consistency_rounds`); otherwise independently.
     """
     import torch
 
@@ -355,10 +380,35 @@ def anonymize_lesion_slices(models: LesionModels, images: np.ndarray, masks: np.
     return generated
 
 
+def consistency_rounds(positions_mm: np.ndarray) -> list:
+    """Generation order of :func:`_consistent_slices`: a list of rounds, each a list of
+    (slice index, neighbour index or None). Round 0 is the middle slice (along ``positions_mm``);
+    round r generates the r-th slice above and the r-th slice below it, each conditioned on the
+    neighbour generated in round r - 1, so the two chains run outward in one batch and every slice
+    but the middle one has a generated neighbour."""
+    order = np.argsort(np.asarray(positions_mm, dtype=np.float64), kind="stable")
+    count = len(order)
+    if count == 0:
+        return []
+    middle = count // 2
+    rounds = [[(int(order[middle]), None)]]
+    for step in range(1, max(middle, count - 1 - middle) + 1):
+        pairs = []
+        if middle + step < count:
+            pairs.append((int(order[middle + step]), int(order[middle + step - 1])))
+        if middle - step >= 0:
+            pairs.append((int(order[middle - step]), int(order[middle - step + 1])))
+        rounds.append(pairs)
+    return rounds
+
+
 def _consistent_slices(models: LesionModels, images, masks, grades, depths, positions_mm, steps, sampler, seed,
                        progress, return_latents, repulsion, consistency):
-    """:func:`anonymize_lesion_slices` in slice order, each slice's K draws conditioned on the kept
-    draw of its neighbour (:class:`VolumeConsistencyConfig`)."""
+    """:func:`anonymize_lesion_slices` with each slice's K draws conditioned on the kept draw of its
+    generated neighbour (:class:`VolumeConsistencyConfig`), in the rounds of
+    :func:`consistency_rounds`: two chains outward from the middle slice, both in one network batch
+    (2 K draws per call instead of K; the small denoiser runs ~1.4x faster per draw on one CPU
+    thread at 64 draws than at 32)."""
     import torch
 
     from ..models.latent_diffusion import sample_latents
@@ -370,50 +420,74 @@ def _consistent_slices(models: LesionModels, images, masks, grades, depths, posi
     config = diffusion.config
     candidates = repulsion.candidates
     count = len(images)
-    order = np.argsort(positions_mm, kind="stable")
     outputs = np.zeros((count,) + tuple(np.shape(images)[1:]), dtype=np.float32)
     lesion_latents = [None] * count
     guided = int(round(consistency.guided_fraction * (steps if sampler == "ddim" else config.num_train_timesteps)))
-    previous_noise, previous_trajectory, previous_position = None, None, None
-    for rank, index in enumerate(order):
-        x = torch.from_numpy(np.ascontiguousarray(images[index:index + 1], dtype=np.float32))[:, None].to(device)
-        m = torch.from_numpy(np.ascontiguousarray(masks[index:index + 1], dtype=np.float32))[:, None].to(device)
-        c = torch.from_numpy(np.asarray(grades[index:index + 1], dtype=np.int64)).to(device).repeat(candidates)
-        d = torch.from_numpy(np.asarray(depths[index:index + 1], dtype=np.float32)).to(device).repeat(candidates)
+    kept_noise, kept_trajectory = {}, {}
+    done = 0
+    for pairs in consistency_rounds(positions_mm):
+        indices = [index for index, _ in pairs]
+        n = len(indices)
+        x = torch.from_numpy(np.ascontiguousarray(images[indices], dtype=np.float32))[:, None].to(device)
+        m = torch.from_numpy(np.ascontiguousarray(masks[indices], dtype=np.float32))[:, None].to(device)
+        c = torch.from_numpy(np.asarray(grades[indices], dtype=np.int64)).to(device).repeat_interleave(candidates)
+        d = torch.from_numpy(np.asarray(depths[indices], dtype=np.float32)).to(device).repeat_interleave(candidates)
         shape = (candidates, config.latent_channels, config.latent_size, config.latent_size)
-        noise = torch.randn(shape, generator=generator, device="cpu").to(device)
-        weight = 0.0
-        if previous_noise is not None:
-            rho = float(np.exp(-abs(positions_mm[index] - previous_position) / consistency.noise_correlation_mm))
-            noise = rho * previous_noise[None] + (1.0 - rho ** 2) ** 0.5 * noise
-            weight = consistency.neighbour_weight * rho
+        noises, weights, neighbours = [], [], []
+        for index, neighbour in pairs:
+            noise = torch.randn(shape, generator=generator, device="cpu").to(device)
+            weight = 0.0
+            if neighbour is not None:
+                gap = abs(positions_mm[index] - positions_mm[neighbour])
+                rho = float(np.exp(-gap / consistency.noise_correlation_mm))
+                noise = rho * kept_noise[neighbour][None] + (1.0 - rho ** 2) ** 0.5 * noise
+                weight = consistency.neighbour_weight * rho
+            noises.append(noise)
+            weights.append(weight)
+            neighbours.append(kept_trajectory.get(neighbour))
+        noise = torch.cat(noises)
+        blend = torch.tensor(weights, dtype=noise.dtype, device=device).repeat_interleave(candidates)
+        blend = blend[:, None, None, None]
+        guide = None
+        if any(w > 0 for w in weights):  # per step: each slice's neighbour latent, once per draw
+            empty = torch.zeros(shape[1:], device=device)
+            guide = [torch.stack([neighbours[j][step] if neighbours[j] is not None else empty for j in range(n)])
+                     .repeat_interleave(candidates, dim=0) for step in range(guided)]
         trajectory = []
 
-        def hook(step: int, z, weight=weight, neighbour=previous_trajectory, trajectory=trajectory):
-            if neighbour is not None and step < guided and weight > 0:
-                z = (1.0 - weight) * z + weight * neighbour[step][None]
+        def hook(step: int, z, guide=guide, blend=blend, trajectory=trajectory):
+            if guide is not None and step < guided:
+                z = (1.0 - blend) * z + blend * guide[step]
             trajectory.append(z)
             return z
 
         with torch.no_grad():
             z_lesion, _ = autoencoder.encode_lesion(x, m)
             z_lesion_stored = z_lesion.clone()
-            part = sub_progress(progress, rank / count, (rank + 1) / count)
-            z_background = sample_latents(diffusion, c, m.expand(candidates, -1, -1, -1), d, steps=steps,
+            part = sub_progress(progress, done / count, (done + n) / count)
+            z_background = sample_latents(diffusion, c, m.repeat_interleave(candidates, dim=0), d, steps=steps,
                                           sampler=sampler, generator=generator, progress=part, initial_noise=noise,
                                           step_hook=hook)
             z_background = z_background * models.latent_scale + models.latent_shift
-            draws = autoencoder.decode_joint(z_lesion.expand(candidates, -1, -1, -1), z_background).clamp(0.0, 1.0)
-            kept = int(repelled_choice(draws[:, None], x, m, repulsion)[0])
+            draws = autoencoder.decode_joint(z_lesion.repeat_interleave(candidates, dim=0), z_background)
+            draws = draws.clamp(0.0, 1.0)
+            draws = draws.reshape((n, candidates) + tuple(draws.shape[1:])).transpose(0, 1)  # (K, n, 1, S, S)
+            kept = repelled_choice(draws, x, m, repulsion)
             z_lesion_again, _ = autoencoder.encode_lesion(x, m)
         if not torch.equal(z_lesion, z_lesion_stored):
             raise InvariantError("the lesion latent was modified during generation")
         if not torch.allclose(z_lesion_again, z_lesion_stored, rtol=1e-4, atol=1e-5):
             raise InvariantError("the lesion latent used for decoding is not the lesion encoder's output")
-        outputs[index] = draws[kept, 0].cpu().numpy()
-        lesion_latents[index] = z_lesion_stored[0].cpu().numpy()
-        previous_noise, previous_position = noise[kept], positions_mm[index]
-        previous_trajectory = [z[kept] for z in trajectory]
+        for j, index in enumerate(indices):
+            row = j * candidates + int(kept[j])
+            outputs[index] = draws[int(kept[j]), j, 0].cpu().numpy()
+            lesion_latents[index] = z_lesion_stored[j].cpu().numpy()
+            kept_noise[index] = noise[row]
+            kept_trajectory[index] = [z[row] for z in trajectory[:guided]]
+        for _, neighbour in pairs:  # a neighbour is needed by one round only
+            kept_noise.pop(neighbour, None)
+            kept_trajectory.pop(neighbour, None)
+        done += n
     if return_latents:
         return outputs, np.stack(lesion_latents) if count else None
     return outputs
@@ -551,6 +625,7 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
         raise InputError(f"unknown face method {config.face_method!r} (use one of {', '.join(FACE_METHODS)})")
     timings = {}
     clock = time.perf_counter()
+    face_job = None
     kind = input_kind(volume, config.input_kind)
     details = {"input_kind": kind, "lesion_voxels_outside_brain": 0}
     if kind == "head":
@@ -560,6 +635,11 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
         mask_volume = resolve_brain_mask(volume, brain_mask, backend=config.brain_backend, device=device,
                                          progress=None if brain_mask is not None else sub_progress(progress, 0.0, 0.2))
         brain_input, details["lesion_voxels_outside_brain"] = brain_region(mask_volume.array != 0, lesion_input)
+        if config.parallel_face and config.face_method != "none":
+            # the face treatment needs only the input and the brain mask: run it on another core
+            # while the brain is generated (its progress is not reported; see parallel_face)
+            face_job = BackgroundJob(face_treatment, volume, volume.with_array(brain_input.astype(np.uint8)),
+                                     config.face_method, seed=seed, device=device)
     else:
         if brain_mask is not None:
             from ..transforms.brain_mask import user_brain_mask
@@ -600,13 +680,25 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
                                         batch_size=config.batch_size, progress=sub_progress(progress, 0.2, 0.8),
                                         repulsion=config.repulsion, positions_mm=slices * spacing[2],
                                         consistency=config.consistency)
+    brain_stack = np.moveaxis(brain[:, :, slices], -1, 0)
+    if kind == "head" and config.fill_brain_mask:
+        from scipy import ndimage
+
+        from .lesion_head import fill_brain_mask
+
+        # every model pixel whose bilinear footprint reaches the input's brain mask
+        model_brain = slices_to_model(brain_stack.astype(np.float32), spacing[:2], center[:2], size) > 0.0
+        structure = np.zeros((3, 3, 3), dtype=bool)
+        structure[1] = True
+        model_brain = ndimage.binary_dilation(model_brain, structure=structure)
+        generated, details["brain_mask_filled_fraction"] = fill_brain_mask(generated, model_brain, model_masks,
+                                                                           config.repulsion.foreground)
     timings["generation"] = time.perf_counter() - clock
     clock = time.perf_counter()
     report(progress, 0.8, "writing slices back")
     back = slices_from_model(generated, spacing[:2], center[:2], image.shape[:2])
     result_stack = back.astype(np.float64) * (high - low) + low
     original = np.moveaxis(image[:, :, slices], -1, 0).astype(np.float64)
-    brain_stack = np.moveaxis(brain[:, :, slices], -1, 0)
     # the region the output's brain occupies: the input's brain mask for a head (it must fit the
     # skull), the generated foreground for a skull-stripped input (its outline is regenerated too)
     region = brain_stack if kind == "head" else back > 0.05
@@ -628,10 +720,15 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
     output = cast_to_dtype(result, volume.dtype)
     if kind == "head":
         report(progress, 0.85, f"face: {config.face_method}")
-        brain_volume = volume.with_array(brain_input.astype(np.uint8))
-        outside = face_treatment(volume, brain_volume, config.face_method, seed=seed, device=device,
-                                 progress=sub_progress(progress, 0.85, 0.99))
-        timings["face"] = time.perf_counter() - clock
+        if face_job is not None:
+            outside = face_job.result()
+            timings["face"] = face_job.seconds  # its own wall time, overlapping the generation
+            details["face_in_parallel"] = True
+        else:
+            brain_volume = volume.with_array(brain_input.astype(np.uint8))
+            outside = face_treatment(volume, brain_volume, config.face_method, seed=seed, device=device,
+                                     progress=sub_progress(progress, 0.85, 0.99))
+            timings["face"] = time.perf_counter() - clock
         composed = to_ras_layout(np.asarray(outside.array), order, flips).copy()
         generated_brain = cast_to_dtype(np.moveaxis(result_stack, 0, -1), volume.dtype)
         inside = brain[:, :, slices]
@@ -644,10 +741,43 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
     output = np.ascontiguousarray(from_ras_layout(output, order, flips))
     if config.exact_lesion and not np.array_equal(output[lesion_input], volume.array[lesion_input]):
         raise InvariantError("lesion voxels differ from the input although exact_lesion was asked for")
-    timings["compose"] = time.perf_counter() - clock - timings.get("face", 0.0)  # feather, cast, checks
+    # feather, cast, checks (and the wait for a parallel face treatment)
+    timings["compose"] = time.perf_counter() - clock - (0.0 if face_job is not None else timings.get("face", 0.0))
     details["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
     report(progress, 1.0, "done")
     return volume.with_array(output), details
+
+
+class BackgroundJob:
+    """``function(*args, **kwargs)`` started in a daemon thread; :meth:`result` waits for it and
+    returns its value or raises its exception; ``seconds`` is its wall time. Torch, SimpleITK,
+    SciPy and NumPy release the GIL in their heavy calls, so the job uses another core."""
+
+    def __init__(self, function, *args, **kwargs) -> None:
+        import threading
+
+        self.seconds = 0.0
+        self._value, self._error = None, None
+        self._thread = threading.Thread(target=self._run, args=(function, args, kwargs), daemon=True,
+                                        name="anonmri-background")
+        self._thread.start()
+
+    def _run(self, function, args, kwargs) -> None:
+        import time
+
+        start = time.perf_counter()
+        try:
+            self._value = function(*args, **kwargs)
+        except BaseException as error:  # handed to the caller by result()
+            self._error = error
+        finally:
+            self.seconds = time.perf_counter() - start
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def match_sharpness_of(generated: np.ndarray, original: np.ndarray, region: np.ndarray, reference: np.ndarray,

@@ -91,16 +91,39 @@ def match_sharpness(generated: np.ndarray, reference: np.ndarray, generated_mask
     def render(amount: float) -> np.ndarray:
         return np.where(generated_mask, generated + amount * detail + noise, generated)
 
+    sharpness = _sharpness_of_amount(generated + noise, detail, inner_generated) if erosion_px >= 1 else \
+        (lambda amount: mean_gradient(render(amount), inner_generated))
     low, high = 0.0, float(max_amount)
-    if mean_gradient(render(low), inner_generated) >= goal:
+    if sharpness(low) >= goal:
         high = low
-    elif mean_gradient(render(high), inner_generated) > goal:
+    elif sharpness(high) > goal:
         for _ in range(iterations):
             middle = 0.5 * (low + high)
-            if mean_gradient(render(middle), inner_generated) < goal:
+            if sharpness(middle) < goal:
                 low = middle
             else:
                 high = middle
     out = render(high)
     reached = mean_gradient(out, inner_generated) / reference_sharpness if reference_sharpness > 0 else float("nan")
     return out, {"sharpening_amount": round(high, 3), "noise_sigma": noise_sigma, "sharpness_ratio_reached": reached}
+
+
+def _sharpness_of_amount(base: np.ndarray, detail: np.ndarray, inner: np.ndarray):
+    """``amount -> mean_gradient(base + amount * detail, inner)`` from two gradients computed once.
+
+    Exact for the bisection of :func:`match_sharpness`: ``inner`` is its mask eroded in-plane by at
+    least one pixel, so every central difference at an ``inner`` voxel reads voxels inside the mask,
+    where the rendered image is ``base + amount * detail``, and the gradient is linear in amount
+    (the same numbers as rendering and differentiating the whole stack 20 times, up to rounding)."""
+    count = int(inner.sum())
+    if not count:
+        return lambda amount: 0.0
+    base_rows, base_cols = (g[inner] for g in np.gradient(np.asarray(base, dtype=np.float64), axis=(1, 2)))
+    detail_rows, detail_cols = (g[inner] for g in np.gradient(np.asarray(detail, dtype=np.float64), axis=(1, 2)))
+
+    def sharpness(amount: float) -> float:
+        rows = base_rows + amount * detail_rows
+        cols = base_cols + amount * detail_cols
+        return float(np.sqrt(rows ** 2 + cols ** 2).sum() / count)
+
+    return sharpness

@@ -4,7 +4,8 @@ import pytest
 
 from AnonMRILib.errors import InputError
 from AnonMRILib.evaluation.volume_consistency import adjacent_slice_correlation, consistency_summary
-from AnonMRILib.pipelines.lesion import SourceRepulsionConfig, VolumeConsistencyConfig, anonymize_lesion_slices
+from AnonMRILib.pipelines.lesion import (SourceRepulsionConfig, VolumeConsistencyConfig, anonymize_lesion_slices,
+                                         consistency_rounds)
 from lesion_fixtures import TINY_SIZE, tiny_models
 
 
@@ -23,8 +24,44 @@ def test_adjacent_slice_correlation_of_smooth_and_shuffled_stacks():
         adjacent_slice_correlation(base)
 
 
+def test_consistency_rounds_are_two_chains_outward_from_the_middle():
+    positions = np.array([5.0, 1.0, 3.0, 2.0, 4.0, 0.0])  # unsorted: sorted internally
+    rounds = consistency_rounds(positions)
+    order = list(np.argsort(positions))  # slice indices from the lowest position up
+    rank = {index: k for k, index in enumerate(order)}
+    assert rounds[0] == [(order[3], None)]  # the middle slice first, unconditioned
+    seen = {order[3]: 0}
+    for number, pairs in enumerate(rounds[1:], start=1):
+        assert 1 <= len(pairs) <= 2
+        for index, neighbour in pairs:
+            assert abs(rank[index] - rank[neighbour]) == 1  # conditioned on its adjacent slice ...
+            assert seen[neighbour] == number - 1  # ... generated in the round before
+            seen[index] = number
+    assert sorted(seen) == list(range(len(positions)))  # every slice exactly once
+    assert len(rounds) == 4 and consistency_rounds(np.zeros(0)) == [] and consistency_rounds([7.0]) == [[(0, None)]]
+
+
+def test_full_neighbour_conditioning_copies_the_middle_slice_along_both_chains():
+    models = tiny_models(1)
+    rng = np.random.default_rng(1)
+    count = 7
+    images = np.clip(rng.random((1, TINY_SIZE, TINY_SIZE)) + 0.02 * rng.random((count, TINY_SIZE, TINY_SIZE)), 0, 1)
+    images = images.astype(np.float32)
+    masks = np.zeros_like(images, np.uint8)
+    masks[:, 10:16, 12:18] = 1
+    grades, depths, positions = np.ones(count, int), np.linspace(0.4, 0.6, count), np.arange(count, dtype=float)
+    repulsion = SourceRepulsionConfig(candidates=3)
+    full = VolumeConsistencyConfig(noise_correlation_mm=1e9, neighbour_weight=1.0, guided_fraction=1.0)
+    copied = anonymize_lesion_slices(models, images, masks, grades, depths, steps=3, seed=0, repulsion=repulsion,
+                                     positions_mm=positions, consistency=full)
+    independent = anonymize_lesion_slices(models, images, masks, grades, depths, steps=3, seed=0, repulsion=repulsion)
+    assert (copied > 0).mean() > 0.3  # a non-trivial image
+    assert np.abs(copied - copied[count // 2]).max() < 1e-3  # both chains carry the middle slice's latent
+    assert np.abs(independent - independent[count // 2]).max() > 0.05
+
+
 def test_neighbour_conditioning_increases_consistency_and_keeps_lesion_latent():
-    models = tiny_models()
+    models = tiny_models(1)  # its decoder's output is mostly above 0 (seed 0's is clamped to 0 almost everywhere)
     rng = np.random.default_rng(1)
     count = 8
     images = np.clip(rng.random((1, TINY_SIZE, TINY_SIZE)) + 0.02 * rng.random((count, TINY_SIZE, TINY_SIZE)), 0, 1)

@@ -153,3 +153,96 @@ def test_cli_whole_head_face_method_none_warns(tmp_path, capsys):
         main([*base, str(tmp_path / "x.nii.gz"), "--face-method", "paint", *common])
     assert exit_info.value.code == 2
     assert not (tmp_path / "x.nii.gz").exists()
+
+
+def test_fill_brain_mask_extends_generated_tissue_over_the_whole_mask_and_keeps_the_rest():
+    from AnonMRILib.pipelines.lesion_head import fill_brain_mask
+
+    size = 32
+    rows, cols = np.mgrid[:size, :size]
+    generated = np.zeros((3, size, size), np.float32)
+    disc = (rows - 16) ** 2 + (cols - 16) ** 2 < 36  # the model drew a small brain ...
+    generated[0][disc] = 0.5 + 0.01 * cols[disc]
+    generated[2][disc] = 0.4
+    brain = np.zeros_like(generated, bool)
+    brain[:, 4:28, 4:28] = True  # ... inside a much larger brain mask
+    lesion = np.zeros_like(brain)
+    lesion[0, 5:8, 5:8] = True  # a lesion pixel the model left dark stays as generated
+    generated[1, 10:12, 10:12] = 0.9  # slice 1: no covered pixel after the 1-px edge: left as it is
+    filled, fraction = fill_brain_mask(generated, brain, lesion, foreground=0.05, edge_px=1)
+    inner = np.zeros_like(disc)
+    inner[1:-1, 1:-1] = disc[1:-1, 1:-1] & disc[:-2, 1:-1] & disc[2:, 1:-1] & disc[1:-1, :-2] & disc[1:-1, 2:]
+    for k in (0, 2):
+        assert np.all(filled[k][brain[k] & ~lesion[k]] > 0.3)  # tissue everywhere in the mask
+        assert np.array_equal(filled[k][inner], generated[k][inner])  # covered interior untouched
+        assert np.array_equal(filled[k][~brain[k]], generated[k][~brain[k]])  # outside the mask untouched
+    assert np.allclose(filled[2][brain[2]], 0.4)  # a flat brain extends flat
+    assert np.array_equal(filled[0][lesion[0]], generated[0][lesion[0]])
+    assert np.array_equal(filled[1], generated[1])
+    covered = np.stack([inner, np.zeros_like(inner), inner])  # slice 1 has no covered pixel: not filled
+    todo = brain & ~covered & ~lesion & (np.arange(3) != 1)[:, None, None]
+    assert fraction == pytest.approx(todo.sum() / brain.sum())
+    same, none = fill_brain_mask(generated, np.zeros_like(brain), lesion, foreground=0.05)
+    assert none == 0.0 and np.array_equal(same, generated)
+
+
+def test_whole_head_brain_mask_is_filled_with_tissue_not_background():
+    from lesion_fixtures import tiny_models as tiny
+
+    models = tiny(1)  # its decoder draws tissue (seed 0's output is clamped to 0 almost everywhere)
+    head, lesion, brain = head_with_lesion()
+    inside = (brain.array != 0) & (lesion.array == 0)
+    darkest = {}
+    for fill in (False, True):
+        config = LesionAnonymizationConfig(**FAST, face_method="black", input_kind="head", match_appearance=False,
+                                           fill_brain_mask=fill)
+        out, details = anonymize_lesions_with_details(head, lesion, config, weights=models, seed=0, brain_mask=brain)
+        assert ("brain_mask_filled_fraction" in details) == fill
+        darkest[fill] = float(np.mean(out.array[inside] <= head.array[brain.array != 0].min()))
+    assert darkest[True] < darkest[False]
+
+
+def test_parallel_face_treatment_gives_the_same_output_and_passes_errors_on(models, monkeypatch):
+    from AnonMRILib.pipelines.lesion import BackgroundJob
+
+    head, lesion, brain = head_with_lesion()
+    outputs = []
+    for parallel in (True, False):
+        config = LesionAnonymizationConfig(**FAST, face_method="quickshear", input_kind="head", parallel_face=parallel)
+        out, details = anonymize_lesions_with_details(head, lesion, config, weights=models, seed=3, brain_mask=brain)
+        assert details.get("face_in_parallel", False) == parallel and "face" in details["timings_s"]
+        outputs.append(out.array)
+    assert np.array_equal(outputs[0], outputs[1])
+
+    def broken(*args, **kwargs):
+        raise InputError("face failed")
+
+    import AnonMRILib.pipelines.lesion_head as lesion_head
+
+    monkeypatch.setattr(lesion_head, "face_treatment", broken)
+    with pytest.raises(InputError, match="face failed"):
+        anonymize_lesions(head, lesion, LesionAnonymizationConfig(**FAST, face_method="black", input_kind="head"),
+                          weights=models, brain_mask=brain)
+    job = BackgroundJob(lambda a, b=1: a + b, 2, b=3)
+    assert job.result() == 5 and job.seconds >= 0.0
+
+
+def test_sharpness_bisection_shortcut_equals_rendering_the_stack():
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.appearance import _sharpness_of_amount, mean_gradient
+
+    rng = np.random.default_rng(3)
+    base = ndimage.gaussian_filter(rng.random((4, 40, 40)), (0, 2, 2))
+    detail = base - ndimage.gaussian_filter(base, (0, 1.5, 1.5))
+    mask = np.zeros(base.shape, bool)
+    mask[:, 6:34, 8:30] = True
+    structure = np.zeros((3, 3, 3), bool)
+    structure[1] = True
+    inner = ndimage.binary_erosion(mask, structure=structure, iterations=1)
+    outside_values = rng.random(base.shape) * 5  # what lies outside the mask must not matter
+    sharpness = _sharpness_of_amount(base, detail, inner)
+    for amount in (0.0, 0.7, 3.9):
+        rendered = np.where(mask, base + amount * detail, outside_values)
+        assert sharpness(amount) == pytest.approx(mean_gradient(rendered, inner), rel=1e-12)
+    assert _sharpness_of_amount(base, detail, np.zeros_like(mask))(1.0) == 0.0

@@ -230,3 +230,19 @@ def test_cli_end_to_end_and_bad_inputs_exit_2(tmp_path, capsys):
     assert not any((tmp_path / f"x{i}.nii.gz").exists() for i in (1, 2, 3, 4, 6))
     assert main(["lesion", str(tmp_path / "in.nii.gz"), str(tmp_path / "empty.nii.gz"), str(tmp_path / "x5.nii.gz"),
                  "--allow-empty-lesion", *common]) == 0
+
+
+def test_shipped_models_decode_in_channels_last_memory_with_the_same_numbers():
+    import copy
+
+    import torch
+
+    from AnonMRILib.pipelines.lesion import load_lesion_models
+
+    models = load_lesion_models(None, device="cpu")
+    decoder = models.autoencoder.joint_decoder
+    assert decoder.to_image.weight.is_contiguous(memory_format=torch.channels_last)
+    plain = copy.deepcopy(decoder).to(memory_format=torch.contiguous_format)
+    z = torch.randn(4, decoder.from_latent.conv.in_channels, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(decoder(z), plain(z), atol=1e-5)
