@@ -122,7 +122,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 assert np.array_equal(np.asarray(output.array)[brain], np.asarray(volume.array)[brain])
                 before = render_views(volume, VIEWS, args.size)
                 after = render_views(output, VIEWS, args.size)
-                label = method.partition("=")[0]
+                name_, _, weights = method.partition("=")
+                label = f"{name_}-{Path(weights).stem}" if weights else name_  # two weights files, two labels
                 figure = np.concatenate([np.concatenate(before, 1), np.concatenate(after, 1)], 0)
                 save_png(figure, args.out / f"{name}_{label}_seed{seed}.png")
                 record = face_record(recognizer, output, args.size)
