@@ -326,8 +326,9 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             core.REMODEL: _("Generates a new face, skull and scalp; every brain voxel is kept bit for bit."),
             core.LESION: _("Regenerates the anatomy around the lesions; the lesion's latent is kept, and its "
                            "voxels too with 'Exact lesion voxels'."),
-        }.get(operation, _("Removal baseline '{name}': deletes or degrades the face (for comparison).").format(
-            name=removal))
+        }.get(operation, _("Replaces the face, skull and scalp with a template head placed from the brain mask and "
+                           "hull alone; every brain voxel is kept bit for bit.") if removal == core.REFACE else
+              _("Removal baseline '{name}': deletes or degrades the face (for comparison).").format(name=removal))
         missing = None
         if not p.inputVolume:
             missing = _("Select an input volume.")

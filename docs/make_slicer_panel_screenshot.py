@@ -6,8 +6,8 @@ Slicer/CTK widget classes by the Qt classes they derive from (``ctkCollapsibleBu
 ``QGroupBox`` with the same title, ``qMRMLNodeComboBox`` -> ``QComboBox``, ``ctkPathLineEdit`` ->
 ``QLineEdit``, ``ctkSliderWidget`` -> ``QSlider``, ``qMRMLTableView`` -> ``QTableView``,
 ``qMRMLWidget`` -> ``QWidget``). The widgets are filled from a real run of the module's code on
-the embedded sample head (``AnonMRIModuleLib`` with ``slicer-core`` MRML nodes: the CP-GAN remodel
-in a separate worker process, the face renderings, the scores), then grabbed with Qt's offscreen
+the embedded sample head (``AnonMRIModuleLib`` with ``slicer-core`` MRML nodes: REFACE
+in a separate worker process, the face renderings, the scores with their verdict), then grabbed with Qt's offscreen
 platform. Layout, order, texts, tooltips and enabled states are the .ui's; Slicer's own styling
 (and its collapsible-button look) is not::
 
@@ -48,7 +48,7 @@ def qt_only_ui(text: str) -> str:
 
 
 def run_sample():
-    """The module's code on the sample head: remodel in a worker process, renderings, scores."""
+    """The module's code on the sample head: REFACE in a worker process, renderings, scores."""
     import slicer
 
     from AnonMRIModuleLib import core, jobs, mrml
@@ -57,7 +57,7 @@ def run_sample():
     scene = slicer.vtkMRMLScene()
     logic = core.AnonMRILogicCore(scene)
     head, brain = logic.loadSample()
-    request = logic.prepare(core.REMODEL_LABEL, head, brain, device="cpu", seed=0, checkBrainMask=False)
+    request = logic.prepare(core.REFACE_LABEL, head, brain, device="cpu", seed=0, checkBrainMask=False)
     start = time.monotonic()
     task = ProcessTask(*jobs.request_job(request)).start()
     result = task.run()
@@ -68,8 +68,8 @@ def run_sample():
     scores = logic.scores(head, output, brain)
     table = logic.scoresTable(scores)
     return {"input": head.GetName(), "brain": brain.GetName(), "output": output.GetName(), "seconds": seconds,
-            "images": [images["image_0"], images["image_1"]], "scores": mrml.flatten_scores(scores),
-            "table": table.GetName()}
+            "images": [images["image_0"], images["image_1"]], "scores": mrml.scores_table_rows(scores),
+            "verdict": core.scores_summary(scores), "table": table.GetName()}
 
 
 def pixmap(QtGui, image, size=170):
@@ -108,36 +108,39 @@ def main(argv=None) -> int:
     for name, checked in (("bundledWeightsCheckBox", True), ("checkBrainMaskCheckBox", True),
                           ("linkCamerasCheckBox", True)):
         find(QtWidgets.QCheckBox, name).setChecked(checked)
+    find(QtWidgets.QComboBox, "methodComboBox").setCurrentText(core.REFACE_LABEL)
     for name in ("lesionSegmentationSelector", "weightsPathLineEdit", "lesionWeightsPathLineEdit",
-                 "exactLesionCheckBox", "samplingStepsSpinBox"):
-        panel.findChild(QtWidgets.QWidget, name).setEnabled(False)  # as the module does for CP-GAN
+                 "exactLesionCheckBox", "samplingStepsSpinBox", "rotationsSpinBox", "bundledWeightsCheckBox"):
+        panel.findChild(QtWidgets.QWidget, name).setEnabled(False)  # as the module does for REFACE
     for name in ("applyButton", "computeScoresButton"):
         find(QtWidgets.QPushButton, name).setEnabled(True)
     find(QtWidgets.QLabel, "methodDescriptionLabel").setText(
-        "Generates a new face, skull and scalp; every brain voxel is kept bit for bit.")
+        "Replaces the face, skull and scalp with a template head placed from the brain mask and hull alone; "
+        "every brain voxel is kept bit for bit.")
     find(QtWidgets.QLabel, "deviceInfoLabel").setText(
         "torch installed; whether a CUDA GPU is usable is checked in the worker process.")
     find(QtWidgets.QProgressBar, "progressBar").setValue(1000)
-    find(QtWidgets.QLabel, "statusLabel").setText(f"Done in {run['seconds']:.0f} s: '{run['output']}'.")
+    find(QtWidgets.QLabel, "statusLabel").setText(run["verdict"])
+    find(QtWidgets.QLabel, "scoresVerdictLabel").setText(run["verdict"])
     slider = find(QtWidgets.QSlider, "fadeSliderWidget")
     slider.setOrientation(QtCore.Qt.Orientation.Horizontal)
     slider.setRange(0, 100)
     slider.setValue(50)
     for label, image in zip(("inputPreviewLabel", "outputPreviewLabel"), run["images"]):
         find(QtWidgets.QLabel, label).setPixmap(pixmap(QtGui, image))
-    rows = [(name, value) for name, value in run["scores"] if isinstance(value, float)]
+    rows = list(run["scores"])
     model = QtGui.QStandardItemModel(len(rows), 2)
     model.setHorizontalHeaderLabels(["Score", "Value"])
     for row, (name, value) in enumerate(rows):
         model.setItem(row, 0, QtGui.QStandardItem(name))
-        model.setItem(row, 1, QtGui.QStandardItem(f"{value:.4g}"))
+        model.setItem(row, 1, QtGui.QStandardItem(f"{value:.4g}" if isinstance(value, float) else str(value)))
     view = find(QtWidgets.QTableView, "scoresTableView")
     view.setModel(model)
     view.resizeColumnsToContents()
     panel.resize(420, panel.sizeHint().height())
     app.processEvents()
     panel.grab().save(str(args.out))
-    print(f"{args.out}: {panel.width()}x{panel.height()}, remodel in a worker process {run['seconds']:.1f} s")
+    print(f"{args.out}: {panel.width()}x{panel.height()}, REFACE in a worker process {run['seconds']:.1f} s")
     return 0
 
 

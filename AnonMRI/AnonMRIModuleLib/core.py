@@ -36,6 +36,9 @@ DEFACE = "deface"
 #: labels of the panel's Method combo box (the parameter node stores the label)
 REMODEL_LABEL = "CP-GAN face remodeling"
 LESION_LABEL = "Lesion-preserving anonymization"
+#: REFACE replaces the face with a placed template head (not a removal): its own label, second
+REFACE_LABEL = "REFACE: template face"
+REFACE = "reface"
 REMOVAL_LABEL_PREFIX = "Removal baseline: "
 
 #: removal baselines listed when ``AnonMRILib.pipelines.baselines`` cannot be imported to ask it
@@ -85,8 +88,12 @@ def removal_methods() -> List[str]:
 
 
 def method_labels() -> List[str]:
-    """Every entry of the panel's Method combo box, CP-GAN first."""
-    return [REMODEL_LABEL, LESION_LABEL] + [REMOVAL_LABEL_PREFIX + name for name in removal_methods()]
+    """Every entry of the panel's Method combo box: CP-GAN, REFACE (when the library has it), the
+    lesion method, then the removal baselines."""
+    methods = removal_methods()
+    reface = [REFACE_LABEL] if REFACE in methods else []
+    return [REMODEL_LABEL] + reface + [LESION_LABEL] + [REMOVAL_LABEL_PREFIX + name for name in methods
+                                                        if name != REFACE]
 
 
 def parse_method_label(label: str):
@@ -95,6 +102,8 @@ def parse_method_label(label: str):
         return REMODEL, None
     if label in (LESION_LABEL, LESION):
         return LESION, None
+    if label == REFACE_LABEL:
+        return DEFACE, REFACE
     if label.startswith(REMOVAL_LABEL_PREFIX):
         return DEFACE, label[len(REMOVAL_LABEL_PREFIX):]
     if label in removal_methods():

@@ -88,9 +88,11 @@ def test_missing_library_module_gives_a_clear_message(monkeypatch):
 
 def test_method_labels_round_trip():
     labels = core.method_labels()
-    assert labels[0] == core.REMODEL_LABEL and labels[1] == core.LESION_LABEL
+    assert labels[:3] == [core.REMODEL_LABEL, core.REFACE_LABEL, core.LESION_LABEL]
     assert core.parse_method_label(core.REMODEL_LABEL) == (core.REMODEL, None)
-    for label in labels[2:]:
+    assert core.parse_method_label(core.REFACE_LABEL) == (core.DEFACE, "reface")
+    assert not any(label.startswith(core.REMOVAL_LABEL_PREFIX) and "reface" in label for label in labels)
+    for label in labels[3:]:
         operation, method = core.parse_method_label(label)
         assert operation == core.DEFACE and method in core.removal_methods()
     with pytest.raises(InputError, match="unknown method"):
