@@ -1,8 +1,9 @@
 """REFACE: replace everything outside the brain by an average head placed from gamma(x) alone.
 
 The mri_reface / AFNI refacer family without their templates' licences or FreeSurfer: the face,
-skull, scalp, ears and neck of the output are the average head of
-:mod:`AnonMRILib.transforms.anatomical_prior` (pydeface's mean head, MIT), carried onto the
+skull, scalp, ears and neck of the output are the template head of
+:mod:`AnonMRILib.transforms.anatomical_prior` (pydeface's mean head's tissue, MIT, under
+MakeHuman's neutral skin, CC0), carried onto the
 patient by the brain mask and the convex hull; the brain is the patient's, bit for bit.
 
     from AnonMRILib.pipelines.reface import reface

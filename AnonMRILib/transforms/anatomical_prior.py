@@ -1,9 +1,9 @@
 """Anatomical prior T(x): an average head carried onto the patient from gamma(x) alone.
 
 T(x) supplies everything a remodeled head needs outside the brain (face, skull, scalp, ears,
-neck) at the input's own resolution, from an average head that identifies nobody: pydeface's
-mean head, cleaned by ``Training/make_reface_template.py`` (MIT; see
-``AnonMRILib/data/templates/ATTRIBUTION.md``). It is the REFACE method on its own
+neck) at the input's own resolution, from a template head that identifies nobody: pydeface's
+mean head's tissue (MIT) under MakeHuman's neutral skin (CC0), built by
+``Training/make_reface_template.py --face-mesh`` (see ``AnonMRILib/data/templates/ATTRIBUTION.md``). It is the REFACE method on its own
 (:mod:`AnonMRILib.pipelines.reface`) and the base that CP-GAN adds its learned variation to.
 
 **Only gamma(x) places it.** :func:`place_anatomical_prior` takes the patient's brain mask b(x),
