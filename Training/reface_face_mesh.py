@@ -132,6 +132,7 @@ def carry_tissue_onto_surface(array: np.ndarray, brain: np.ndarray, occupancy: n
     import SimpleITK as sitk
     from scipy import ndimage
 
+    from AnonMRILib.transforms.anatomical_prior import demons_field
     from AnonMRILib.transforms.head_mask import head_mask_array
 
     def image(values):
@@ -145,19 +146,7 @@ def carry_tissue_onto_surface(array: np.ndarray, brain: np.ndarray, occupancy: n
 
     source_head = head_mask_array(array)
     fixed, moving = level_set(occupancy >= 0.5), level_set(source_head)
-    field = None
-    for factor, iterations, sigma_mm in ((2, 80, 2.0 * smoothing_mm), (1, 60, smoothing_mm)):
-        level_fixed = sitk.Shrink(fixed, [factor] * 3) if factor > 1 else fixed
-        level_moving = sitk.Shrink(moving, [factor] * 3) if factor > 1 else moving
-        if field is not None:
-            field = sitk.Resample(field, level_fixed, sitk.Transform(), sitk.sitkLinear, 0.0, field.GetPixelID())
-        demons = sitk.FastSymmetricForcesDemonsRegistrationFilter()
-        demons.SetNumberOfIterations(iterations)
-        demons.SetSmoothDisplacementField(True)
-        demons.SetStandardDeviations(sigma_mm / (spacing_mm * factor))
-        field = demons.Execute(level_fixed, level_moving) if field is None else \
-            demons.Execute(level_fixed, level_moving, field)
-    field = sitk.Resample(field, fixed, sitk.Transform(), sitk.sitkLinear, 0.0, field.GetPixelID())
+    field = demons_field(fixed, moving, (2.0 * spacing_mm, spacing_mm), (80, 60), (2.0 * smoothing_mm, smoothing_mm))
     transform = sitk.DisplacementFieldTransform(sitk.Cast(field, sitk.sitkVectorFloat64))
 
     def warp(values):

@@ -41,7 +41,7 @@ registration are ours; the output is a float32 Volume in the patient's units on 
 """
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -176,21 +176,31 @@ def _affine_fit(fixed, moving, seed: int = 1):
 
 
 def _demons(fixed, moving, config: AnatomicalPriorConfig):
-    """Displacement field (on ``fixed``'s grid, fixed point -> moving point offsets), coarse to fine."""
+    """Displacement field of the placement (step 3), see :func:`demons_field`."""
+    return demons_field(fixed, moving, config.demons_spacings_mm, config.demons_iterations, config.demons_smoothing_mm)
+
+
+def demons_field(fixed, moving, spacings_mm: Sequence[float], iterations: Sequence[int],
+                 smoothing_mm: Union[float, Sequence[float]]):
+    """Displacement field (SimpleITK, on ``fixed``'s grid, fixed point -> moving point offsets) of
+    diffeomorphic fast symmetric-forces demons, coarse to fine: one level per entry of
+    ``spacings_mm`` (images shrunk to about that spacing), ``iterations`` each, the field smoothed
+    by ``smoothing_mm`` (one value, or one per level; mm)."""
     import SimpleITK as sitk
 
+    smoothing = [float(smoothing_mm)] * len(spacings_mm) if np.isscalar(smoothing_mm) else list(smoothing_mm)
     field = None
     base_spacing = float(fixed.GetSpacing()[0])
-    for spacing_mm, iterations in zip(config.demons_spacings_mm, config.demons_iterations):
+    for spacing_mm, level_iterations, sigma_mm in zip(spacings_mm, iterations, smoothing):
         factor = max(1, int(round(spacing_mm / base_spacing)))
         level_fixed = sitk.Shrink(fixed, [factor] * 3) if factor > 1 else fixed
         level_moving = sitk.Shrink(moving, [factor] * 3) if factor > 1 else moving
         if field is not None:
             field = sitk.Resample(field, level_fixed, sitk.Transform(), sitk.sitkLinear, 0.0, field.GetPixelID())
         demons = sitk.FastSymmetricForcesDemonsRegistrationFilter()
-        demons.SetNumberOfIterations(int(iterations))
+        demons.SetNumberOfIterations(int(level_iterations))
         demons.SetSmoothDisplacementField(True)
-        demons.SetStandardDeviations(config.demons_smoothing_mm / float(level_fixed.GetSpacing()[0]))
+        demons.SetStandardDeviations(sigma_mm / float(level_fixed.GetSpacing()[0]))
         field = demons.Execute(level_fixed, level_moving) if field is None else \
             demons.Execute(level_fixed, level_moving, field)
     if field.GetSize() != fixed.GetSize():

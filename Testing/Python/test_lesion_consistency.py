@@ -41,15 +41,22 @@ def test_consistency_rounds_are_two_chains_outward_from_the_middle():
     assert len(rounds) == 4 and consistency_rounds(np.zeros(0)) == [] and consistency_rounds([7.0]) == [[(0, None)]]
 
 
-def test_full_neighbour_conditioning_copies_the_middle_slice_along_both_chains():
-    models = tiny_models(1)
+def near_identical_stack(count: int):
+    """(images, lesion masks, grades, depths) of ``count`` nearly identical slices (one random image
+    plus 2 % noise each, rng seed 1) with the same square lesion."""
     rng = np.random.default_rng(1)
-    count = 7
     images = np.clip(rng.random((1, TINY_SIZE, TINY_SIZE)) + 0.02 * rng.random((count, TINY_SIZE, TINY_SIZE)), 0, 1)
     images = images.astype(np.float32)
     masks = np.zeros_like(images, np.uint8)
     masks[:, 10:16, 12:18] = 1
-    grades, depths, positions = np.ones(count, int), np.linspace(0.4, 0.6, count), np.arange(count, dtype=float)
+    return images, masks, np.ones(count, int), np.linspace(0.4, 0.6, count)
+
+
+def test_full_neighbour_conditioning_copies_the_middle_slice_along_both_chains():
+    models = tiny_models(1)
+    count = 7
+    images, masks, grades, depths = near_identical_stack(count)
+    positions = np.arange(count, dtype=float)
     repulsion = SourceRepulsionConfig(candidates=3)
     full = VolumeConsistencyConfig(noise_correlation_mm=1e9, neighbour_weight=1.0, guided_fraction=1.0)
     copied = anonymize_lesion_slices(models, images, masks, grades, depths, steps=3, seed=0, repulsion=repulsion,
@@ -62,13 +69,8 @@ def test_full_neighbour_conditioning_copies_the_middle_slice_along_both_chains()
 
 def test_neighbour_conditioning_increases_consistency_and_keeps_lesion_latent():
     models = tiny_models(1)  # its decoder's output is mostly above 0 (seed 0's is clamped to 0 almost everywhere)
-    rng = np.random.default_rng(1)
     count = 8
-    images = np.clip(rng.random((1, TINY_SIZE, TINY_SIZE)) + 0.02 * rng.random((count, TINY_SIZE, TINY_SIZE)), 0, 1)
-    images = images.astype(np.float32)
-    masks = np.zeros_like(images, np.uint8)
-    masks[:, 10:16, 12:18] = 1
-    grades, depths = np.ones(count, int), np.linspace(0.4, 0.6, count)
+    images, masks, grades, depths = near_identical_stack(count)
     positions = np.arange(count, dtype=float)[::-1].copy()  # given in reverse order: sorted internally
     repulsion = SourceRepulsionConfig(candidates=3)
     independent = anonymize_lesion_slices(models, images, masks, grades, depths, steps=3, seed=0, repulsion=repulsion)
