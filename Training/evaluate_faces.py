@@ -17,7 +17,10 @@ For every head given (``--head NAME=IMAGE[,MASK]``) and every method (``--method
 5. **hull**: the distance of each output to the outputs of the *other* heads (what the hull and
    brain alone make different between two refaced people) next to its distance to its own original;
 6. **memorisation**: the distance of every output to each head listed by ``--training-heads``
-   (individual heads the weights were trained on; an average head is not an individual).
+   (individual heads among ``--head`` that the weights were trained on; an average head is not an
+   individual) and to each ``--training-head NAME=IMAGE`` (a training head that is only rendered
+   and described, not remodeled and not in the gallery: e.g. the synthetic MakeHuman people of
+   ``Training/make_synthetic_heads.py``).
 
 Writes ``OUT/faces.json`` and ``OUT/faces.md``. Renderings are untextured: dlib's distances are
 compressed on them (module docstring of :mod:`AnonMRILib.evaluation.face_recognition`), so the
@@ -91,6 +94,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--method", action="append", required=True, help="reface | remodel[=WEIGHTS]")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--training-heads", nargs="*", default=[], help="individual heads the weights saw")
+    parser.add_argument("--training-head", action="append", default=[], metavar="NAME=IMAGE",
+                        help="a training head outside the gallery, only for the memorisation distances")
     parser.add_argument("--size", type=int, default=256, help="rendering size (pixels)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -110,6 +115,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         originals[name] = record
         print(f"{name}: detector {record['anterior_score']}, same-person re-rendering "
               f"{record['same_person_distance']}", flush=True)
+
+    training_only = {}
+    for text in args.training_head:
+        name, volume, _ = parse_head(text)
+        training_only[name] = recognizer.describe_views(render_views(volume, DETECTION_VIEWS, args.size))[0]
 
     outputs: List[Dict] = []
     for name, volume, _ in heads:
@@ -149,6 +159,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   and record["descriptor"] is not None and r["descriptor"] is not None]
         record["distance_to_other_heads_outputs"] = min(others) if others else None
         record["training_head_distances"] = {n: record["distance_to_originals"].get(n) for n in args.training_heads}
+        record["training_head_distances"].update(
+            {n: (face_distance(record["descriptor"], d) if record["descriptor"] is not None and d is not None else None)
+             for n, d in training_only.items()})
     for record in outputs:
         record.pop("descriptor")
     for record in originals.values():

@@ -93,14 +93,54 @@ def correct_bias(array: np.ndarray, spacing_mm: float) -> np.ndarray:
     return np.transpose(sitk.GetArrayFromImage(corrected), (2, 1, 0)).astype(np.float32) - 1.0
 
 
-def main(argv=None) -> int:
+def cleaned_average_head(source: Path, opening_mm: float, brain_backend: str):
+    """(head, brain mask) Volumes of pydeface's mean head ``source``, resampled to 1 mm iso, RAS,
+    bias-corrected and cleaned (steps 0-2), the brain mask by ``brain_backend`` (step 4)."""
     import nibabel as nib
 
+    from AnonMRILib.io.volume import Volume
+    from AnonMRILib.transforms.brain_mask import brain_mask
+    from AnonMRILib.transforms.model_grid import resample_arrays
+
+    image = nib.as_closest_canonical(nib.load(str(source)))
+    zooms = np.asarray(image.header.get_zooms()[:3], dtype=np.float64)
+    spacing = float(zooms.min())
+    # the source is 1 x 0.977 x 0.977 mm: resample to 1 mm iso first so that the cleaning is isotropic
+    iso_affine = image.affine @ np.diag(list(spacing / zooms) + [1.0])
+    iso_shape = tuple(int(round(n * z / spacing)) for n, z in zip(image.shape[:3], zooms))
+    array = resample_arrays([np.asarray(image.dataobj, np.float32)], image.affine, iso_shape, iso_affine)[0]
+    head = Volume(clean_average_head(correct_bias(array, spacing), spacing, opening_mm), iso_affine)
+    print(f"brain mask of the cleaned average head ({brain_backend}) ...", flush=True)
+    return head, brain_mask(head, backend=brain_backend)
+
+
+def crop_to_head(arrays, affine: np.ndarray, spacing_mm: float):
+    """([head uint8 (99.9th percentile = 255), masks uint8 0/1 ...], affine): ``arrays`` (head
+    first, then masks, one isotropic grid) cropped to the head plus 6 mm and resampled (linear,
+    anti-aliased) to ``spacing_mm`` (step 5)."""
+    from AnonMRILib.transforms.model_grid import resample_arrays
+
+    head = np.asarray(arrays[0], dtype=np.float32)
+    spacing = float(np.linalg.norm(affine[:3, 0]))
+    inside = np.argwhere(head > 0.05 * head.max())
+    margin = int(np.ceil(6.0 / spacing))
+    low = np.maximum(inside.min(axis=0) - margin, 0)
+    high = np.minimum(inside.max(axis=0) + margin + 1, head.shape)
+    step = spacing_mm / spacing
+    out_shape = tuple(int(np.ceil((h - l) / step)) for l, h in zip(low, high))
+    out_affine = affine @ np.array([[step, 0, 0, low[0]], [0, step, 0, low[1]], [0, 0, step, low[2]], [0, 0, 0, 1.0]])
+    out_affine[:3, 3] = (affine @ np.r_[low + (step - 1) / 2.0, 1.0])[:3]
+    resampled = resample_arrays([head] + [np.asarray(a, dtype=np.float32) for a in arrays[1:]], affine, out_shape,
+                                out_affine)
+    scale = float(np.percentile(resampled[0][resampled[0] > 0], 99.9))
+    head_u8 = np.clip(np.round(resampled[0] / scale * 255.0), 0, 255).astype(np.uint8)
+    return [head_u8] + [(mask >= 0.5).astype(np.uint8) for mask in resampled[1:]], out_affine
+
+
+def main(argv=None) -> int:
     from AnonMRILib.io import save_volume
     from AnonMRILib.io.volume import Volume
     from AnonMRILib.models.model_card import sha256_of
-    from AnonMRILib.transforms.brain_mask import brain_mask
-    from AnonMRILib.transforms.model_grid import resample_arrays
     from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -115,44 +155,24 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     source = args.pydeface_data / "mean_reg2mean.nii.gz"
-    image = nib.as_closest_canonical(nib.load(str(source)))
-    spacing = float(np.min(image.header.get_zooms()[:3]))
-    # the source is 1 x 0.977 x 0.977 mm: resample to 1 mm iso first so that the cleaning is isotropic
-    iso_affine = image.affine @ np.diag(list(spacing / np.asarray(image.header.get_zooms()[:3])) + [1.0])
-    iso_shape = tuple(int(round(n * z / spacing)) for n, z in zip(image.shape[:3], image.header.get_zooms()[:3]))
-    array = resample_arrays([np.asarray(image.dataobj, np.float32)], image.affine, iso_shape, iso_affine)[0]
-    array = clean_average_head(correct_bias(array, spacing), spacing, args.opening_mm)
-    affine = iso_affine
-    head = Volume(array, affine)
-
-    print("brain mask of the cleaned average head (hdbet) ...", flush=True)
-    brain = brain_mask(head, backend=args.brain_backend)
+    head, brain = cleaned_average_head(source, args.opening_mm, args.brain_backend)
     if args.face_mesh is not None:
         from reface_face_mesh import carry_tissue_onto_surface, mesh_occupancy
 
         print("skin from MakeHuman's neutral head ...", flush=True)
         occupancy = mesh_occupancy(head, brain, args.face_mesh)
-        array, brain_array = carry_tissue_onto_surface(array, np.asarray(brain.array) != 0, occupancy, spacing)
-        head, brain = Volume(array, affine), Volume(brain_array.astype(np.uint8), affine)
+        spacing = float(np.linalg.norm(head.affine[:3, 0]))
+        array, brain_array = carry_tissue_onto_surface(np.asarray(head.array), np.asarray(brain.array) != 0,
+                                                       occupancy, spacing)
+        head, brain = Volume(array, head.affine), Volume(brain_array.astype(np.uint8), head.affine)
     hull = privacy_transform(head, brain, PrivacyTransformConfig(size=128, rotations=32, facets=100), seed=0).convex_hull
-
-    # crop to the head plus 6 mm and resample to the shipped spacing
-    inside = np.argwhere(array > 0.05 * array.max())
-    margin = int(np.ceil(6.0 / spacing))
-    low = np.maximum(inside.min(axis=0) - margin, 0)
-    high = np.minimum(inside.max(axis=0) + margin + 1, array.shape)
-    step = args.spacing_mm / spacing
-    out_shape = tuple(int(np.ceil((h - l) / step)) for l, h in zip(low, high))
-    out_affine = affine @ np.array([[step, 0, 0, low[0]], [0, step, 0, low[1]], [0, 0, step, low[2]], [0, 0, 0, 1.0]])
-    out_affine[:3, 3] = (affine @ np.r_[low + (step - 1) / 2.0, 1.0])[:3]
-    head_out, brain_out, hull_out = resample_arrays([array, brain.array, hull.array], affine, out_shape, out_affine)
-    scale = float(np.percentile(head_out[head_out > 0], 99.9))
-    head_u8 = np.clip(np.round(head_out / scale * 255.0), 0, 255).astype(np.uint8)
+    (head_u8, brain_out, hull_out), out_affine = crop_to_head([head.array, brain.array, hull.array], head.affine,
+                                                              args.spacing_mm)
     args.out.mkdir(parents=True, exist_ok=True)
     outputs = {
         "reface_template_T1w.nii.gz": head_u8,
-        "reface_template_brain_mask.nii.gz": (brain_out >= 0.5).astype(np.uint8),
-        "reface_template_convex_hull.nii.gz": (hull_out >= 0.5).astype(np.uint8),
+        "reface_template_brain_mask.nii.gz": brain_out,
+        "reface_template_convex_hull.nii.gz": hull_out,
     }
     for name, values in outputs.items():
         save_volume(Volume(values, out_affine), args.out / name)

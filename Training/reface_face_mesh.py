@@ -26,7 +26,7 @@ belongs to nobody. This module gives the template that surface:
 Used by ``Training/make_reface_template.py --face-mesh``.
 """
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -40,28 +40,48 @@ NEUTRAL_TARGETS: Dict[str, float] = {f"macrodetails/{ancestry}-{sex}-young.targe
                                      for ancestry in ("african", "asian", "caucasian") for sex in ("female", "male")}
 
 
-def neutral_head_mesh(mpfb2: Path) -> Tuple[np.ndarray, np.ndarray]:
-    """(vertices (N, 3) mm, triangles (F, 3)) of the neutral head (steps 1-2), MakeHuman axes."""
+def _morphed_mesh(mpfb2: Path, targets: Dict[str, float]) -> Tuple[np.ndarray, np.ndarray]:
+    """(vertices (N, 3) mm, all triangles (F, 3)) of the base mesh with the morph ``targets``."""
     from make_face_targets import read_mesh, read_target
 
     vertices, triangles = read_mesh(Path(mpfb2) / "3dobjs" / "base.obj", MESH_GROUPS)
-    for name, weight in NEUTRAL_TARGETS.items():
+    for name, weight in targets.items():
         indices, offsets = read_target(Path(mpfb2) / "targets" / name)
         if len(indices):
             vertices[indices] += weight * offsets
-    vertices = vertices * MM_PER_UNIT
-    return vertices, triangles[(vertices[triangles][:, :, 1] > NECK_CUT_MM).all(axis=1)]
+    return vertices * MM_PER_UNIT, triangles
 
 
-def place_mesh(vertices: np.ndarray, head, brain_mask) -> np.ndarray:
-    """The mesh's vertices in the head's RAS mm (step 3)."""
+def _neck_vertex(vertices: np.ndarray) -> int:
+    """Index of the front-most midline vertex at ``NECK_CUT_MM`` on the neutral mesh: the cut of a
+    morphed person (other height, other proportions) passes through that same vertex."""
+    near = np.flatnonzero((np.abs(vertices[:, 1] - NECK_CUT_MM) < 5.0) & (np.abs(vertices[:, 0]) < 5.0))
+    return int(near[np.argmax(vertices[near, 2])])
+
+
+def neutral_head_mesh(mpfb2: Path, targets: Optional[Dict[str, float]] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """(vertices (N, 3) mm, triangles (F, 3)) of the head (steps 1-2), MakeHuman axes, with the
+    morph ``targets`` (file under ``mpfb2/targets`` -> weight; default the neutral ones) applied.
+    The neck is cut at the height of the neutral head's ``NECK_CUT_MM`` vertex (:func:`_neck_vertex`)."""
+    vertices, triangles = _morphed_mesh(mpfb2, NEUTRAL_TARGETS)
+    cut = NECK_CUT_MM
+    if targets is not None:
+        reference = _neck_vertex(vertices)
+        vertices, triangles = _morphed_mesh(mpfb2, targets)
+        cut = float(vertices[reference, 1])
+    return vertices, triangles[(vertices[triangles][:, :, 1] > cut).all(axis=1)]
+
+
+def place_mesh(vertices: np.ndarray, triangles: np.ndarray, head, brain_mask) -> np.ndarray:
+    """The mesh's vertices in the head's RAS mm (step 3), landmarks from the vertices of the
+    head's ``triangles``."""
     from types import SimpleNamespace
 
     from make_face_targets import head_landmarks
 
     from AnonMRILib.datasets.face_shape import place_on_head, real_head_landmarks
 
-    head_vertices = vertices[vertices[:, 1] > NECK_CUT_MM]
+    head_vertices = vertices[np.unique(triangles)]
     model = SimpleNamespace(vertices=vertices, landmarks=head_landmarks(head_vertices))
     return place_on_head(model, real_head_landmarks(head, brain_mask))[0]
 
@@ -94,12 +114,14 @@ def rasterize_solid(triangles: np.ndarray, low: np.ndarray, shape: Tuple[int, in
     return ndimage.binary_erosion(ndimage.binary_fill_holes(solid))
 
 
-def mesh_occupancy(head, brain_mask, mpfb2: Path, fine_mm: float = 0.5, smoothing_mm: float = 1.0) -> np.ndarray:
-    """Occupancy in [0, 1] (float32) of the placed neutral head on ``head``'s grid (steps 1-4)."""
+def mesh_occupancy(head, brain_mask, mpfb2: Path, fine_mm: float = 0.5, smoothing_mm: float = 1.0,
+                   targets: Optional[Dict[str, float]] = None) -> np.ndarray:
+    """Occupancy in [0, 1] (float32) of the placed head (neutral, or with ``targets``) on ``head``'s
+    grid (steps 1-4)."""
     import SimpleITK as sitk
 
-    vertices, triangles = neutral_head_mesh(mpfb2)
-    placed = place_mesh(vertices, head, brain_mask)[triangles]
+    vertices, triangles = neutral_head_mesh(mpfb2, targets)
+    placed = place_mesh(vertices, triangles, head, brain_mask)[triangles]
     # the fine grid spans the head volume's world box (so that the neck reaches its lower end)
     corners = np.array([[i, j, k] for i in (0, head.shape[0] - 1) for j in (0, head.shape[1] - 1)
                         for k in (0, head.shape[2] - 1)], dtype=np.float64)

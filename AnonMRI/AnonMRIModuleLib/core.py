@@ -35,6 +35,8 @@ DEFACE = "deface"
 
 #: labels of the panel's Method combo box (the parameter node stores the label)
 REMODEL_LABEL = "CP-GAN face remodeling"
+#: CP-GAN on the anatomical prior (a placed template head plus the generator's learned variation)
+REMODEL_PRIOR_LABEL = "CP-GAN face remodeling on the template head (prior)"
 LESION_LABEL = "Lesion-preserving anonymization"
 #: REFACE replaces the face with a placed template head (not a removal): its own label, second
 REFACE_LABEL = "REFACE: template face"
@@ -88,17 +90,18 @@ def removal_methods() -> List[str]:
 
 
 def method_labels() -> List[str]:
-    """Every entry of the panel's Method combo box: CP-GAN, REFACE (when the library has it), the
-    lesion method, then the removal baselines."""
+    """Every entry of the panel's Method combo box: CP-GAN (the paper's generator), REFACE (when
+    the library has it), the lesion method, the removal baselines, then CP-GAN on the anatomical
+    prior (its shipped weights are optional)."""
     methods = removal_methods()
     reface = [REFACE_LABEL] if REFACE in methods else []
     return [REMODEL_LABEL] + reface + [LESION_LABEL] + [REMOVAL_LABEL_PREFIX + name for name in methods
-                                                        if name != REFACE]
+                                                        if name != REFACE] + [REMODEL_PRIOR_LABEL]
 
 
 def parse_method_label(label: str):
     """``(operation, removal method or None)`` for a Method combo-box label (or a bare method key)."""
-    if label in (REMODEL_LABEL, REMODEL, "cpgan", "CP-GAN"):
+    if label in (REMODEL_LABEL, REMODEL, "cpgan", "CP-GAN", REMODEL_PRIOR_LABEL):
         return REMODEL, None
     if label in (LESION_LABEL, LESION):
         return LESION, None
@@ -635,6 +638,8 @@ class AnonMRILogicCore:
         options: Dict[str, Any] = {}
         if operation == REMODEL and int(rotations) > 0:
             options["rotations"] = int(rotations)
+        if method == REMODEL_PRIOR_LABEL and weights in (None, "", "."):
+            options["prior"] = "average_head"
         if operation == LESION and int(samplingSteps) > 0:
             options["sampling_steps"] = int(samplingSteps)
         if operation == LESION and exactLesion:

@@ -26,7 +26,11 @@ def add_parser(subparsers) -> None:
     add_series_uid_argument(parser)
     parser.add_argument("--weights", type=Path, default=None, metavar="W",
                         help="CP-GAN generator weights (.safetensors with its .json model card beside it; "
-                             "default: the shipped weights)")
+                             "default: the shipped weights of --prior)")
+    parser.add_argument("--prior", choices=("average_head", "none"), default=None,
+                        help="which shipped generator: none (default: the paper's generator, the face from the brain "
+                             "mask and hull alone at the model's resolution) or average_head (a template head placed "
+                             "from the brain mask and hull, plus CP-GAN's learned variation)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0): same seed, same output")
     parser.add_argument("--rotations", type=int, default=None, metavar="K",
                         help="rotations K of the surface representation (default: the model card's)")
@@ -49,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from AnonMRILib.rendering import check_png_path
 
     inputs = [args.input, args.brain_mask, args.weights]
+    if args.weights is not None and args.prior is not None:
+        raise InputError("--prior picks one of the shipped generators; leave it out with --weights")
     check_image_output(args, inputs)
     if args.before_after is not None:
         if args.before_after.suffix.lower() != ".png":
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     with TqdmProgress("remodel", disable=args.quiet) as progress:
         mask = checked_brain_mask(args, volume, progress=sub_progress(progress, 0.0, 0.3), device=args.device)
         output = remodel_face(volume, brain_mask=mask, weights=args.weights, device=args.device, rotations=args.rotations,
-                              seed=args.seed, progress=sub_progress(progress, 0.3, 1.0))
+                              seed=args.seed, progress=sub_progress(progress, 0.3, 1.0), prior=args.prior)
     with OutputTransaction() as outputs:  # all outputs or none
         stage_image_output(outputs, args, output, volume, "remodel", inputs)
         stage_other_contrasts(outputs, args, others, volume, output, mask, "remodel", inputs)

@@ -18,21 +18,37 @@ from ..errors import WeightsError
 from .model_card import sha256_of, verify_sha256
 
 MODEL_NAME = "cpgan-generator"
-#: the shipped weights' name in the weights folder (found by :func:`default_weights_file`)
-WEIGHTS_NAME = "cpgan_s64.safetensors"
-#: where the shipped weights sit in the installed package; when the file is not there,
+#: the shipped generators by prior: ``average_head`` = CP-GAN on the anatomical prior (the face is
+#: T(x) + a learned residual), ``none`` = the paper's generator (the face from gamma alone)
+SHIPPED_WEIGHTS: Dict[str, str] = {"average_head": "cpgan_s64_prior.safetensors", "none": "cpgan_s64.safetensors"}
+#: the prior of the default weights: the paper's generator until the prior generator is judged on
+#: every held-out head (docs/cpgan/faces.md); ``--prior average_head`` picks the other
+DEFAULT_PRIOR = "none"
+#: the default weights' name in the weights folder (found by :func:`default_weights_file`)
+WEIGHTS_NAME = SHIPPED_WEIGHTS[DEFAULT_PRIOR]
+#: where the default weights sit in the installed package; when the file is not there,
 #: :func:`default_weights_file` finds it in ``$ANONMRI_WEIGHTS_DIR``, the user cache, or fetches it
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / WEIGHTS_NAME
 
 
-def default_weights_file(progress=None) -> Path:
-    """The shipped CP-GAN weights, through :func:`AnonMRILib.weights_store.resolve_weights_file`.
+def shipped_weights_name(prior: Optional[str] = None) -> str:
+    """The shipped weights file of ``prior`` (None = :data:`DEFAULT_PRIOR`); WeightsError otherwise."""
+    prior = DEFAULT_PRIOR if prior is None else prior
+    if prior not in SHIPPED_WEIGHTS:
+        raise WeightsError(f"no shipped CP-GAN weights for prior {prior!r}; choose one of: "
+                           f"{', '.join(SHIPPED_WEIGHTS)}")
+    return SHIPPED_WEIGHTS[prior]
+
+
+def default_weights_file(progress=None, prior: Optional[str] = None) -> Path:
+    """The shipped CP-GAN weights of ``prior`` (None = the default), through
+    :func:`AnonMRILib.weights_store.resolve_weights_file`.
 
     :class:`WeightsError` (what is missing, where it was looked for, how to provide it) when absent.
     """
     from ..weights_store import resolve_weights_file
 
-    return resolve_weights_file(WEIGHTS_NAME, progress=progress, what="CP-GAN weights")
+    return resolve_weights_file(shipped_weights_name(prior), progress=progress, what="CP-GAN weights")
 
 
 def card_path(weights_path: Union[str, Path]) -> Path:
@@ -84,11 +100,12 @@ def read_card(weights_path: Union[str, Path], card: Optional[Union[str, Path]] =
 
 
 def load_generator(weights_path: Optional[Union[str, Path]] = None, device: Any = "cpu",
-                   check_sha256: bool = True) -> Tuple[Any, Dict[str, Any]]:
+                   check_sha256: bool = True, prior: Optional[str] = None) -> Tuple[Any, Dict[str, Any]]:
     """(CPGANGenerator in eval mode on ``device``, model card) from a safetensors file + card.
 
-    ``weights_path`` defaults to the shipped weights (:func:`default_weights_file`, with the
-    shipped card); a path given is used as it is, its card beside it.
+    ``weights_path`` defaults to the shipped weights of ``prior`` (:func:`default_weights_file`,
+    with the shipped card; None = :data:`DEFAULT_PRIOR`); a path given is used as it is, its card
+    beside it, and ``prior`` must then be None or the card's.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -98,8 +115,9 @@ def load_generator(weights_path: Optional[Union[str, Path]] = None, device: Any 
     if weights_path is None:
         from ..weights_store import resolve_weights_file
 
-        path = default_weights_file()
-        card = read_card(path, resolve_weights_file(card_path(WEIGHTS_NAME).as_posix(), what="CP-GAN model card"))
+        path = default_weights_file(prior=prior)
+        card = read_card(path, resolve_weights_file(card_path(shipped_weights_name(prior)).as_posix(),
+                                                    what="CP-GAN model card"))
     else:
         path = Path(weights_path)
         if not path.is_file():
@@ -111,6 +129,8 @@ def load_generator(weights_path: Optional[Union[str, Path]] = None, device: Any 
         config = CPGANConfig.from_dict(card["config"])
     except (TypeError, ValueError) as error:
         raise WeightsError(f"model card {card_path(path)} has an invalid config ({error})") from None
+    if prior is not None and config.prior != prior:
+        raise WeightsError(f"CP-GAN weights {path} use prior {config.prior!r}, not {prior!r}")
     try:
         tensors = load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as error:

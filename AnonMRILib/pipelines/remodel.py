@@ -114,24 +114,27 @@ def add_residual(prior: Volume, residual_model: np.ndarray, transform, volume: V
 
 def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
                  device: str = "auto", seed: int = 0, progress: Optional[ProgressCallback] = None,
-                 rotations: Optional[int] = None) -> Volume:
+                 rotations: Optional[int] = None, prior: Optional[str] = None) -> Volume:
     """De-identify a whole-head T1 by remodeling everything outside the brain inside the head's hull.
 
     ``volume``: the head (any orientation and spacing). ``brain_mask``: nonzero = brain on the
     same grid, or None to compute one. ``weights``: CP-GAN generator safetensors (its model card
-    beside it); None = the shipped weights. ``device``: auto | cpu | cuda. Returns a Volume on
+    beside it); None = the shipped weights of ``prior``: "none" (the default: the paper's
+    generator, the face from gamma alone on the model grid) or "average_head" (the anatomical prior
+    T(x) plus the generator's residual; see the README's CP-GAN section for its status). ``device``: auto | cpu | cuda. Returns a Volume on
     ``volume``'s grid with its dtype; brain voxels are the input's, bit for bit (checked).
     ``rotations``: K of the surface representation (None = the model card's value).
     Raises WeightsError (weights missing/corrupt), InputError (bad input), InvariantError.
     """
-    volume_out, _ = remodel_face_with_details(volume, brain_mask, weights, device, seed, progress, rotations)
+    volume_out, _ = remodel_face_with_details(volume, brain_mask, weights, device, seed, progress, rotations, prior)
     return volume_out
 
 
 def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
                               device: str = "auto", seed: int = 0,
                               progress: Optional[ProgressCallback] = None,
-                              rotations: Optional[int] = None) -> Tuple[Volume, Dict[str, Any]]:
+                              rotations: Optional[int] = None,
+                              prior: Optional[str] = None) -> Tuple[Volume, Dict[str, Any]]:
     """:func:`remodel_face` plus details: the brain mask and convex hull used, stage timings (s)."""
     import time
 
@@ -153,7 +156,7 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
 
     start = time.perf_counter()
     report(progress, 0.35, "loading CP-GAN weights")
-    generator, card = load_generator(weights, device="cpu")
+    generator, card = load_generator(weights, device="cpu", prior=prior)
     timings["load_weights"] = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -47,3 +47,51 @@ def test_tissue_carried_onto_a_larger_surface_keeps_its_layers():
     assert skin[(radius > 28.0) & (radius < 32.0)].mean() > 0.95  # inside the new surface
     assert not skin[radius > 36.0].any()  # nothing beyond it
     assert carried[(radius > 30.0) & (radius < 32.0)].mean() > 90.0  # the bright shell moved outwards
+
+
+def write_fake_mpfb2(root: Path, shift_mm: float) -> Path:
+    """A MakeHuman-like folder: a 'body' column of quads from y = 0 to 900 mm (MakeHuman units:
+    dm) and two targets, the neutral one empty and ``tall`` moving every vertex up by ``shift_mm``."""
+    import gzip
+
+    (root / "3dobjs").mkdir(parents=True)
+    (root / "targets" / "macrodetails").mkdir(parents=True)
+    heights = np.arange(0.0, 9.01, 0.5)
+    lines, faces = [], []
+    for k, y in enumerate(heights):
+        lines += [f"v {x} {y} {z}" for x, z in ((0.0, 0.5), (0.5, 0.0), (0.0, -0.5), (-0.5, 0.0))]
+        if k:
+            a, b = 4 * (k - 1) + 1, 4 * k + 1
+            faces += [f"f {a + i} {a + (i + 1) % 4} {b + (i + 1) % 4} {b + i}" for i in range(4)]
+    (root / "3dobjs" / "base.obj").write_text("\n".join(lines + ["g body"] + faces) + "\n")
+    count = 4 * len(heights)
+    for name, offset in (("macrodetails/neutral.target.gz", 0.0), ("macrodetails/tall.target.gz", shift_mm / 100.0)):
+        rows = [f"{i} 0 {offset} 0" for i in range(count)] if offset else []
+        with gzip.open(root / "targets" / name, "wt") as handle:
+            handle.write("\n".join(rows))
+    return root
+
+
+def test_the_neck_cut_follows_a_morphed_persons_height(tmp_path, monkeypatch):
+    """A person 120 mm taller keeps the same triangles: the cut moves with the neutral neck vertex."""
+    import reface_face_mesh
+
+    mpfb2 = write_fake_mpfb2(tmp_path / "mpfb2", shift_mm=120.0)
+    monkeypatch.setattr(reface_face_mesh, "NEUTRAL_TARGETS", {"macrodetails/neutral.target.gz": 1.0})
+    neutral_vertices, neutral_triangles = reface_face_mesh.neutral_head_mesh(mpfb2)
+    tall_vertices, tall_triangles = reface_face_mesh.neutral_head_mesh(mpfb2, {"macrodetails/tall.target.gz": 1.0})
+    assert np.array_equal(neutral_triangles, tall_triangles)
+    assert neutral_vertices[np.unique(neutral_triangles), 1].min() >= reface_face_mesh.NECK_CUT_MM
+    np.testing.assert_allclose(tall_vertices - neutral_vertices, [[0.0, 120.0, 0.0]] * len(tall_vertices), atol=1e-9)
+
+
+def test_synthetic_people_are_valid_macro_mixtures():
+    from make_synthetic_heads import person_targets
+
+    first, again, other = (person_targets(np.random.default_rng([0, k])) for k in (0, 0, 1))
+    assert first == again and first != other
+    for targets in (first, other):
+        macros = {name: w for name, w in targets.items() if name.startswith("macrodetails/")}
+        assert len(macros) == 12 and all(w >= 0 for w in macros.values())
+        assert sum(macros.values()) == pytest.approx(1.0)
+        assert all(0.0 <= w <= 0.7 for name, w in targets.items() if name.startswith("head/"))

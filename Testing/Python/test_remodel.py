@@ -10,7 +10,11 @@ from AnonMRILib.cli.main import main  # noqa: E402
 from AnonMRILib.errors import WeightsError  # noqa: E402
 from AnonMRILib.io import load_volume  # noqa: E402
 from AnonMRILib.models.cpgan import CPGANConfig, CPGANGenerator  # noqa: E402
-from AnonMRILib.models.cpgan_weights import DEFAULT_WEIGHTS, save_generator  # noqa: E402
+from AnonMRILib.models.cpgan_weights import DEFAULT_WEIGHTS, SHIPPED_WEIGHTS, save_generator  # noqa: E402
+
+from face_judge import assert_another_natural_face  # noqa: E402
+
+WEIGHTS_DIR = DEFAULT_WEIGHTS.parent
 from AnonMRILib.pipelines import remodel as remodel_module  # noqa: E402
 from AnonMRILib.pipelines.remodel import remodel_face, remodel_face_with_details, remodel_scores  # noqa: E402
 from AnonMRILib.sample_data import (load_sample_brain_mask, load_sample_head, sample_brain_mask_path,  # noqa: E402
@@ -96,21 +100,26 @@ def test_progress_is_reported_per_stage(sample, tiny_weights):
         assert stage in text
 
 
-@pytest.mark.skipif(not DEFAULT_WEIGHTS.is_file(), reason="shipped weights not present")
-def test_shipped_weights_keep_the_brain_and_remodel_the_face(sample):
+@pytest.mark.parametrize("prior", ["average_head", "none"])
+def test_shipped_weights_keep_the_brain_and_remodel_the_face(sample, prior):
+    name = SHIPPED_WEIGHTS[prior]
+    if not (WEIGHTS_DIR / name).is_file():
+        pytest.skip(f"shipped weights {name} not present")
     head, mask = sample
-    output, details = remodel_face_with_details(head, mask, device="cpu", seed=0)
+    output, details = remodel_face_with_details(head, mask, device="cpu", seed=0, prior=prior)
     brain = mask.array != 0
     assert np.array_equal(output.array[brain], head.array[brain])
     scores = remodel_scores(head, output, mask, details["convex_hull"])
     assert scores["face_region_changed_fraction"] > 0.5
     assert scores["face_region_mean_abs_change"] > 0.02
-    card = json.loads(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
-    assert details["weights_sha256"] == card["sha256"]
+    card = json.loads((WEIGHTS_DIR / name).with_suffix(".json").read_text())
+    assert details["weights_sha256"] == card["sha256"] and card["config"]["prior"] == prior
     # a face, not a filled hull: air inside the hull where a face has its concavities (this held-out
-    # head: 0.58 / 0.81 with the shipped weights; the earlier hull-filling weights scored 0.48 / 0.50)
+    # head: 0.58 / 0.81 with the paper generator; the earlier hull-filling weights scored 0.48 / 0.50)
     assert scores["face_air_dice"] > 0.5
     assert scores["face_air_fraction_remodeled"] > 0.65 * scores["face_air_fraction_original"]
+    if prior == "average_head":
+        assert_another_natural_face(head, output)
 
 
 def test_missing_or_corrupt_weights_raise_weights_error(sample, tiny_weights, tmp_path):
@@ -171,6 +180,24 @@ def test_cli_remodel_refuses_to_overwrite_input_and_bad_weights(tiny_weights, tm
     assert code == 2 and not out.exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert "not found" in err[-1]
+    code = main(["remodel", str(sample_head_path()), str(out), "--weights", str(tiny_weights), "--prior", "none",
+                 "--quiet"])
+    assert code == 2 and not out.exists()
+    assert "--prior" in capsys.readouterr().err
+
+
+def test_shipped_weights_are_chosen_by_prior(tiny_weights, prior_weights):
+    from AnonMRILib.errors import WeightsError
+    from AnonMRILib.models.cpgan_weights import SHIPPED_WEIGHTS, load_generator, shipped_weights_name
+
+    assert shipped_weights_name() == SHIPPED_WEIGHTS["none"] == "cpgan_s64.safetensors"
+    assert shipped_weights_name("average_head") == "cpgan_s64_prior.safetensors"
+    with pytest.raises(WeightsError, match="no shipped CP-GAN weights for prior 'magic'"):
+        shipped_weights_name("magic")
+    # a weights file given with a prior must carry that prior
+    assert load_generator(prior_weights, prior="average_head")[0].config.prior == "average_head"
+    with pytest.raises(WeightsError, match="use prior 'none', not 'average_head'"):
+        load_generator(tiny_weights, prior="average_head")
 
 
 @pytest.fixture(scope="module")

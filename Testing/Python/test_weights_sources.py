@@ -128,10 +128,10 @@ def test_a_corrupt_cached_file_is_refused_by_the_store_and_by_the_loader(nowhere
     assert (nowhere / HDBET).read_bytes() == b"truncated safetensors"  # reported, not silently replaced
 
 
-def _load_cpgan():
+def _load_cpgan(prior=None):
     from AnonMRILib.models.cpgan_weights import load_generator
 
-    load_generator()
+    load_generator(prior=prior)
 
 
 def _load_attacker():
@@ -161,6 +161,7 @@ def _load_deepbet():
 #: loader -> (what the message names, the file, whether the manifest lists it)
 LOADERS = {
     "cpgan": (_load_cpgan, "CP-GAN weights", "cpgan_s64.safetensors", True),
+    "cpgan-prior": (lambda: _load_cpgan(prior="average_head"), "CP-GAN weights", "cpgan_s64_prior.safetensors", False),
     "attacker": (_load_attacker, "re-identification attacker weights", "reid_siamese.safetensors", False),
     "lesion": (_load_lesion, "lesion VAE weights", "lesion_vae.safetensors", True),
     "hdbet": (_load_hdbet, "HD-BET brain-extraction weights", HDBET, True),

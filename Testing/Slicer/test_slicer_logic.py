@@ -92,7 +92,9 @@ def test_method_labels_round_trip():
     assert core.parse_method_label(core.REMODEL_LABEL) == (core.REMODEL, None)
     assert core.parse_method_label(core.REFACE_LABEL) == (core.DEFACE, "reface")
     assert not any(label.startswith(core.REMOVAL_LABEL_PREFIX) and "reface" in label for label in labels)
-    for label in labels[3:]:
+    assert labels[-1] == core.REMODEL_PRIOR_LABEL
+    assert core.parse_method_label(core.REMODEL_PRIOR_LABEL) == (core.REMODEL, None)
+    for label in labels[3:-1]:
         operation, method = core.parse_method_label(label)
         assert operation == core.DEFACE and method in core.removal_methods()
     with pytest.raises(InputError, match="unknown method"):
@@ -113,6 +115,14 @@ def test_request_holds_no_mrml_object(scene, head_nodes):
     for value in vars(request).values():
         assert not hasattr(value, "GetScene")
     assert request.options == {} and request.weights is None and request.seed == 3
+
+
+def test_prior_label_asks_for_the_prior_generator(scene, head_nodes):
+    _, _, head_node, brain_node = head_nodes
+    logic = core.AnonMRILogicCore(scene)
+    request = logic.prepare(core.REMODEL_PRIOR_LABEL, head_node, brain_node)
+    assert request.operation == core.REMODEL and request.options == {"prior": "average_head"}
+    assert logic.prepare(core.REMODEL_LABEL, head_node, brain_node).options == {}
 
 
 # --- the real library ------------------------------------------------------------------------------
