@@ -157,14 +157,10 @@ def main(argv=None) -> int:
     source = args.pydeface_data / "mean_reg2mean.nii.gz"
     head, brain = cleaned_average_head(source, args.opening_mm, args.brain_backend)
     if args.face_mesh is not None:
-        from reface_face_mesh import carry_tissue_onto_surface, mesh_occupancy
+        from reface_face_mesh import skin_head
 
         print("skin from MakeHuman's neutral head ...", flush=True)
-        occupancy = mesh_occupancy(head, brain, args.face_mesh)
-        spacing = float(np.linalg.norm(head.affine[:3, 0]))
-        array, brain_array = carry_tissue_onto_surface(np.asarray(head.array), np.asarray(brain.array) != 0,
-                                                       occupancy, spacing)
-        head, brain = Volume(array, head.affine), Volume(brain_array.astype(np.uint8), head.affine)
+        head, brain = skin_head(head, brain, args.face_mesh)
     hull = privacy_transform(head, brain, PrivacyTransformConfig(size=128, rotations=32, facets=100), seed=0).convex_hull
     (head_u8, brain_out, hull_out), out_affine = crop_to_head([head.array, brain.array, hull.array], head.affine,
                                                               args.spacing_mm)

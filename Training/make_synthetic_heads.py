@@ -58,7 +58,7 @@ def person_targets(rng: np.random.Generator) -> Dict[str, float]:
 
 def main(argv=None) -> int:
     from make_reface_template import cleaned_average_head, crop_to_head
-    from reface_face_mesh import carry_tissue_onto_surface, mesh_occupancy
+    from reface_face_mesh import skin_head
 
     from AnonMRILib.io import save_volume
     from AnonMRILib.io.volume import Volume
@@ -74,7 +74,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     head, brain = cleaned_average_head(args.pydeface_data / "mean_reg2mean.nii.gz", 3.0, args.brain_backend)
-    spacing = float(np.linalg.norm(head.affine[:3, 0]))
     args.out.mkdir(parents=True, exist_ok=True)
     people = {}
     for k in range(args.count):
@@ -84,10 +83,8 @@ def main(argv=None) -> int:
         if (args.out / f"{name}_brain_mask.nii.gz").is_file():
             continue
         print(f"{name}: skin and tissue ...", flush=True)
-        occupancy = mesh_occupancy(head, brain, args.face_mesh, targets=targets)
-        array, brain_array = carry_tissue_onto_surface(np.asarray(head.array), np.asarray(brain.array) != 0,
-                                                       occupancy, spacing)
-        (head_u8, brain_u8), affine = crop_to_head([array, brain_array], head.affine, args.spacing_mm)
+        person, person_brain = skin_head(head, brain, args.face_mesh, targets)
+        (head_u8, brain_u8), affine = crop_to_head([person.array, person_brain.array], head.affine, args.spacing_mm)
         save_volume(Volume(head_u8, affine), args.out / f"{name}_T1w.nii.gz")
         save_volume(Volume(brain_u8, affine), args.out / f"{name}_brain_mask.nii.gz")
     (args.out / "people.json").write_text(json.dumps(people, indent=1), encoding="utf-8")

@@ -183,3 +183,15 @@ def carry_tissue_onto_surface(array: np.ndarray, brain: np.ndarray, occupancy: n
     head = np.where(depth <= shell_mm, np.maximum(head, soft_tissue), head) * occupancy
     head[warped_brain] = warped[warped_brain]
     return head.astype(np.float32), warped_brain
+
+
+def skin_head(head, brain_mask, mpfb2: Path, targets: Optional[Dict[str, float]] = None):
+    """(head, brain mask) Volumes of the average ``head`` (isotropic grid) with the skin of the
+    MakeHuman head (neutral, or with ``targets``) and the tissue carried onto it (steps 1-5)."""
+    from AnonMRILib.io.volume import Volume
+
+    occupancy = mesh_occupancy(head, brain_mask, mpfb2, targets=targets)
+    spacing = float(np.linalg.norm(head.affine[:3, 0]))
+    array, brain = carry_tissue_onto_surface(np.asarray(head.array), np.asarray(brain_mask.array) != 0, occupancy,
+                                             spacing)
+    return Volume(array, head.affine), Volume(brain.astype(np.uint8), head.affine)

@@ -638,13 +638,13 @@ class AnonMRILogicCore:
         options: Dict[str, Any] = {}
         if operation == REMODEL and int(rotations) > 0:
             options["rotations"] = int(rotations)
-        if method == REMODEL_PRIOR_LABEL and weights in (None, "", "."):
-            options["prior"] = "average_head"
         if operation == LESION and int(samplingSteps) > 0:
             options["sampling_steps"] = int(samplingSteps)
         if operation == LESION and exactLesion:
             options["exact_lesion"] = True
         weights_path = str(weights) if weights not in (None, "", ".") else None
+        if method == REMODEL_PRIOR_LABEL and weights_path is None:
+            options["prior"] = "average_head"
         if weights_path is not None:
             check_weights_path(operation, weights_path)
         mark_original(volumeNode)

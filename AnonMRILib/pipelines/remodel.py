@@ -121,8 +121,8 @@ def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: W
     same grid, or None to compute one. ``weights``: CP-GAN generator safetensors (its model card
     beside it); None = the shipped weights of ``prior``: "none" (the default: the paper's
     generator, the face from gamma alone on the model grid) or "average_head" (the anatomical prior
-    T(x) plus the generator's residual; see the README's CP-GAN section for its status). ``device``: auto | cpu | cuda. Returns a Volume on
-    ``volume``'s grid with its dtype; brain voxels are the input's, bit for bit (checked).
+    T(x) plus the generator's residual; see the README's CP-GAN section for its status).
+    ``device``: auto | cpu | cuda. Returns a Volume on ``volume``'s grid with its dtype; brain voxels are the input's, bit for bit (checked).
     ``rotations``: K of the surface representation (None = the model card's value).
     Raises WeightsError (weights missing/corrupt), InputError (bad input), InvariantError.
     """
