@@ -98,6 +98,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--generated-subjects", type=int, default=2,
                         help="generated subjects of the first held-out head to render as well")
     parser.add_argument("--notes", default="", help="free text appended to the card's notes")
+    parser.add_argument("--command", default="", help="the training command line, recorded in the card")
+    parser.add_argument("--half", action="store_true",
+                        help="store the tensors as float16 (half the file; loaded back into float32)")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -108,11 +111,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from AnonMRILib.transforms.brain_mask import resolve_brain_mask
 
     generator, run_card, source = load_run_generator(args.run, args.cache)
+    if args.half:
+        generator = generator.half()
     size = generator.config.size
     dest = args.dest or REPO_ROOT / "AnonMRILib" / "weights" / f"cpgan_s{size}.safetensors"
     card: Dict[str, Any] = {k: v for k, v in run_card.items() if k not in ("sha256", "weights_file", "model", "config")}
     card["source"] = f"{source} of {args.run.name}"
     card.setdefault("training", {})["final_log"] = last_log_line(args.run)
+    if args.command:
+        card["training"]["command"] = args.command
+    card["stored_dtype"] = "float16" if args.half else "float32"
     # write first without evaluation so the pipeline can load it, then evaluate and rewrite
     save_generator(dest, generator, card)
 

@@ -334,16 +334,14 @@ class SampleRenderer:
             self.prior_model = self.transform.normalization.apply(self.transform.grid.to_model(self.prior))
 
     def render(self, generator, path: Path, seeds: Sequence[int] = (0, 1)) -> None:
-        from AnonMRILib.pipelines.remodel import add_residual, generate_on_model_grid
+        from AnonMRILib.pipelines.remodel import generate_on_model_grid, prior_output
         from AnonMRILib.rendering import render_face, save_png, side_by_side
 
         images = [self.before]
         for seed in seeds:
-            generated = generate_on_model_grid(generator, self.transform.gamma, seed=seed, prior=self.prior_model)
-            if self.prior is None:
-                after = self.transform.restore(generated, self.volume)
-            else:
-                after = add_residual(self.prior, generated.numpy() - self.prior_model, self.transform, self.volume)
+            generated = generate_on_model_grid(generator, self.transform.gamma, seed=seed, prior=self.prior_model,
+                                               displacement=generator.config.warps_prior)
+            after = prior_output(generator, generated, self.prior, self.prior_model, self.transform, self.volume)
             images.append(render_face(after, size=192))
         path.parent.mkdir(parents=True, exist_ok=True)
         save_png(side_by_side(images, labels=["original"] + [f"seed {s}" for s in seeds]), path)

@@ -38,6 +38,21 @@ Prior      (``prior="average_head"``; ours, the paper has none): G is conditione
            network only has to learn variation on it. The remodel pipeline adds the residual,
            brought back to the input grid and smoothed, to T at native resolution.
            ``prior="none"`` is the paper's generator.
+Variation  (``prior_variation``, with the prior). ``"intensity"``: r_k is added to T_k, as above.
+           ``"displacement"``: the block chain carries a 3-channel stationary velocity field v_k
+           instead (model-grid axes, in units of half the grid's edge, so the same field means
+           the same mm at every scale; bounded by ``max_velocity`` through a tanh; block 1 reads
+           3-channel noise). It is smoothed with a Gaussian of one voxel at its scale (a smooth
+           velocity keeps the discrete integration folding-free; without it a test saw a
+           Jacobian of -0.45), faded to 0 within ``brain_margin_voxels`` model voxels of the
+           brain mask (read from gamma_S, area-pooled to coarser scales), integrated by scaling
+           and squaring (MONAI ``DVF2DDF``, 7 steps: a diffeomorphism, so no folds, holes or
+           flaps) and T_k is warped with it (MONAI ``Warp``): g_k = T_k(x + u_k(x)). Why: the
+           additive residual trained on synthetic people put lumps on cheeks and jaw and a flap
+           under an ear (README); a warp can only move T's own tissue, so the skin keeps T's
+           detail at the input's resolution and the network learns face *shape*. The remodel
+           pipeline brings u_S to the input grid and warps T there. Judged, not shipped
+           (docs/cpgan/warp/).
 Discriminator  d_1 = D^(1)(v_S, gamma_S), d_k = D^(k)(down(d_{k-1}), v_k, gamma_k), then a
            fully connected layer F to a scalar. Choice: the features passed between scales have
            several channels (the paper writes 1); down = 2x average pooling.
@@ -69,6 +84,10 @@ from .model_card import JSONConfig
 SUPPORTED_SIZES = (16, 32, 64, 128)
 #: the generator's conditioning beyond gamma: none (the paper) or the placed average head T(x)
 PRIORS = ("none", "average_head")
+#: how G varies the prior: an added intensity residual, or a diffeomorphic warp (module docstring)
+PRIOR_VARIATIONS = ("intensity", "displacement")
+#: scaling-and-squaring steps of the velocity field's integration
+INTEGRATION_STEPS = 7
 #: channels of gamma(x) (must match AnonMRILib.transforms.pooling.GAMMA_CHANNELS)
 GAMMA_CHANNELS = 3
 HULL_CHANNEL = 0
@@ -100,7 +119,10 @@ class CPGANConfig(JSONConfig):
     ``generator_coordinates`` / ``generator_position_channels`` / ``generator_dilations``: the
     position inputs and dilated inverted residuals of the module docstring (off by default, so
     cards written before they existed load unchanged). ``prior``: "none" (the paper's generator)
-    or "average_head" (G = T + residual, module docstring).
+    or "average_head" (G = T + residual, module docstring). ``prior_variation``: "intensity" or
+    "displacement" (T warped by a diffeomorphism); ``max_velocity``: bound of the velocity field in
+    units of half the model grid's edge (0.08 ~ 10 mm on a 250 mm grid); ``brain_margin_voxels``:
+    the velocity is faded to 0 within this many model voxels of the brain.
     """
 
     size: int = 64
@@ -119,14 +141,32 @@ class CPGANConfig(JSONConfig):
     generator_coordinates: bool = False
     generator_position_channels: int = 0
     prior: str = "none"
+    prior_variation: str = "intensity"
+    max_velocity: float = 0.08
+    brain_margin_voxels: int = 2
 
     @property
     def uses_prior(self) -> bool:
         return self.prior != "none"
 
+    @property
+    def warps_prior(self) -> bool:
+        """G warps the prior with a displacement field (rather than adding a residual)."""
+        return self.uses_prior and self.prior_variation == "displacement"
+
+    @property
+    def image_channels(self) -> int:
+        """Channels carried from block to block: 3 (a velocity field) when warping, else 1."""
+        return 3 if self.warps_prior else 1
+
     def __post_init__(self) -> None:
         if self.prior not in PRIORS:
             raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {self.prior!r}")
+        if self.prior_variation not in PRIOR_VARIATIONS:
+            raise ValueError(f"prior_variation must be one of {', '.join(PRIOR_VARIATIONS)}, "
+                             f"got {self.prior_variation!r}")
+        if not float(self.max_velocity) > 0 or int(self.brain_margin_voxels) < 0:
+            raise ValueError("max_velocity must be positive and brain_margin_voxels at least 0")
         if self.size not in SUPPORTED_SIZES or self.min_size < 1 or self.size % self.min_size:
             raise ValueError(f"CP-GAN size must be one of {SUPPORTED_SIZES} and a multiple of min_size")
         ratio = self.size // self.min_size
@@ -181,13 +221,34 @@ def model_grid_coordinates(like: torch.Tensor) -> torch.Tensor:
     return grid.unsqueeze(0).expand(like.shape[0], -1, -1, -1, -1)
 
 
+def smooth_field(field: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
+    """Gaussian smoothing (``sigma`` in voxels, kernel radius 2 sigma, edges replicated) of every
+    channel of ``field`` (N, C, D, H, W), separably. Used on the velocity field before its
+    integration: a smooth velocity keeps the discrete scaling and squaring folding-free."""
+    radius = max(1, int(round(2 * sigma)))
+    offsets = torch.arange(-radius, radius + 1, dtype=field.dtype, device=field.device)
+    kernel = torch.exp(-0.5 * (offsets / sigma) ** 2)
+    kernel = kernel / kernel.sum()
+    channels = field.shape[1]
+    out = field
+    for axis in range(3):
+        shape = [1, 1, 1]
+        shape[axis] = kernel.numel()
+        weight = kernel.reshape(1, 1, *shape).expand(channels, 1, *shape)
+        padding = [0, 0, 0, 0, 0, 0]
+        padding[2 * (2 - axis)] = padding[2 * (2 - axis) + 1] = radius
+        out = F.conv3d(F.pad(out, padding, mode="replicate"), weight, groups=channels)
+    return out
+
+
 class GeneratorBlock(nn.Module):
-    """G^(k): (previous single-channel image, gamma_k) -> single-channel image g_k at gamma_k's scale."""
+    """G^(k): (previous image, gamma_k) -> image g_k at gamma_k's scale (``image_channels``
+    channels: 1 for an image or residual, 3 for a velocity field)."""
 
     def __init__(self, gamma_channels: int, channels: int, depth: int, expansion: int,
                  negative_slope: float, skip: bool, dilations: Sequence[int] = (),
                  coordinates: bool = False, position_channels: int = 0, size: int = 0,
-                 prior: bool = False) -> None:
+                 prior: bool = False, image_channels: int = 1) -> None:
         super().__init__()
         self.prior = bool(prior)
         self.skip = bool(skip)
@@ -195,10 +256,11 @@ class GeneratorBlock(nn.Module):
         self.position = None
         if position_channels > 0:
             self.position = nn.Parameter(torch.zeros(1, int(position_channels), size, size, size))
-        inputs = 1 + gamma_channels + (3 if self.coordinates else 0) + max(0, int(position_channels)) + int(prior)
+        inputs = (int(image_channels) + gamma_channels + (3 if self.coordinates else 0)
+                  + max(0, int(position_channels)) + int(prior))
         self.stem = convolution(inputs, channels, kernel_size=3, negative_slope=negative_slope)
         self.body = inverted_residual_stack(channels, depth, expansion, negative_slope, dilations)
-        self.to_image = convolution(channels, 1, kernel_size=1, activation=False)
+        self.to_image = convolution(channels, int(image_channels), kernel_size=1, activation=False)
         if self.prior:  # the residual starts at 0: an untrained generator returns the prior
             for parameter in self.to_image.parameters():
                 nn.init.zeros_(parameter)
@@ -232,22 +294,57 @@ class CPGANGenerator(nn.Module):
                            config.expansion, config.negative_slope, skip=k > 0,
                            dilations=config.generator_dilations, coordinates=config.generator_coordinates,
                            position_channels=config.generator_position_channels, size=config.scales[k],
-                           prior=config.uses_prior)
+                           prior=config.uses_prior, image_channels=config.image_channels)
             for k in range(config.num_blocks)])
+        self.integrate = self.warp = None
+        if config.warps_prior:
+            import warnings
+
+            from monai.networks.blocks import DVF2DDF, Warp
+
+            with warnings.catch_warnings():  # MONAI notes it uses torch's grid_sample
+                warnings.simplefilter("ignore")
+                self.integrate = DVF2DDF(num_steps=INTEGRATION_STEPS)
+                self.warp = Warp(mode="bilinear", padding_mode="zeros")
 
     def sample_noise(self, batch: int, generator: Optional[torch.Generator] = None,
                      device: Optional[torch.device] = None) -> torch.Tensor:
-        """g_0 ~ N(0, 1), shape (batch, 1, s, s, s), drawn on ``generator``'s device then moved."""
+        """g_0 ~ N(0, 1), shape (batch, C, s, s, s) (C = ``config.image_channels``), drawn on
+        ``generator``'s device then moved."""
         s = self.config.min_size
         draw_device = generator.device if generator is not None else device
-        noise = torch.randn((batch, 1, s, s, s), generator=generator, device=draw_device)
+        noise = torch.randn((batch, self.config.image_channels, s, s, s), generator=generator, device=draw_device)
         return noise.to(device if device is not None else noise.device)
 
-    def forward(self, gamma_pyramid: Sequence[torch.Tensor], noise: Optional[torch.Tensor] = None,
-                generator: Optional[torch.Generator] = None,
-                prior_pyramid: Optional[Sequence[torch.Tensor]] = None) -> List[torch.Tensor]:
-        """Fake pyramid; with ``prior="average_head"`` each g_k = T_k + r_k (``prior_pyramid``:
-        :func:`image_pyramid` of T, coarsest first, (N, 1, k, k, k))."""
+    def _brain_fades(self, gamma_pyramid: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """Per scale (N, 1, k, k, k): 0 within ``brain_margin_voxels`` of the brain at S, rising to 1
+        over one more voxel; area-pooled to the coarser scales."""
+        finest = gamma_pyramid[-1][:, BRAIN_CHANNEL:BRAIN_CHANNEL + 1]
+        margin = int(self.config.brain_margin_voxels)
+        near = F.max_pool3d(finest, 2 * margin + 1, stride=1, padding=margin) if margin else finest
+        fade = 1.0 - F.avg_pool3d(near, 3, stride=1, padding=1, count_include_pad=False)
+        size = fade.shape[-1]
+        return [fade if g.shape[-1] == size else F.avg_pool3d(fade, size // g.shape[-1]) for g in gamma_pyramid]
+
+    def displacements(self, gamma_pyramid: Sequence[torch.Tensor], noise: Optional[torch.Tensor] = None,
+                      generator: Optional[torch.Generator] = None,
+                      prior_pyramid: Optional[Sequence[torch.Tensor]] = None) -> List[torch.Tensor]:
+        """For ``prior_variation="displacement"``: the displacement fields u_k, (N, 3, k, k, k) in
+        voxels of scale k along the model grid's axes (channel c = array axis c), coarsest first."""
+        if not self.config.warps_prior:
+            raise ValueError("this generator adds a residual; it has no displacement field")
+        chain = self._block_chain(gamma_pyramid, noise, generator, prior_pyramid)
+        bound = float(self.config.max_velocity)
+        fields = []
+        for raw, fade, gamma_k in zip(chain, self._brain_fades(gamma_pyramid), gamma_pyramid):
+            velocity = smooth_field(bound * torch.tanh(raw / bound)) * fade * (gamma_k.shape[-1] / 2.0)
+            fields.append(self.integrate(velocity))
+        return fields
+
+    def _block_chain(self, gamma_pyramid: Sequence[torch.Tensor], noise: Optional[torch.Tensor],
+                     generator: Optional[torch.Generator],
+                     prior_pyramid: Optional[Sequence[torch.Tensor]]) -> List[torch.Tensor]:
+        """The blocks' outputs (images, residuals or raw velocities), coarsest first."""
         if len(gamma_pyramid) != self.config.num_blocks:
             raise ValueError(f"expected {self.config.num_blocks} gamma scales, got {len(gamma_pyramid)}")
         if self.config.uses_prior and (prior_pyramid is None or len(prior_pyramid) != self.config.num_blocks):
@@ -257,11 +354,24 @@ class CPGANGenerator(nn.Module):
         if noise is None:
             noise = self.sample_noise(first.shape[0], generator, first.device)
         image = noise.to(first.dtype)
-        outputs = []
+        chain = []
         for block, gamma_k, prior_k in zip(self.blocks, gamma_pyramid, priors):
             image = block(image, gamma_k, prior_k)
-            outputs.append((image + prior_k if prior_k is not None else image).contiguous())
-        return outputs
+            chain.append(image)
+        return chain
+
+    def forward(self, gamma_pyramid: Sequence[torch.Tensor], noise: Optional[torch.Tensor] = None,
+                generator: Optional[torch.Generator] = None,
+                prior_pyramid: Optional[Sequence[torch.Tensor]] = None) -> List[torch.Tensor]:
+        """Fake pyramid; with ``prior="average_head"`` each g_k = T_k + r_k, or T_k warped by u_k
+        (``prior_pyramid``: :func:`image_pyramid` of T, coarsest first, (N, 1, k, k, k))."""
+        if self.config.warps_prior:
+            fields = self.displacements(gamma_pyramid, noise, generator, prior_pyramid)
+            return [self.warp(prior_k.to(u.dtype), u).contiguous() for prior_k, u in zip(prior_pyramid, fields)]
+        chain = self._block_chain(gamma_pyramid, noise, generator, prior_pyramid)
+        priors = list(prior_pyramid) if self.config.uses_prior else [None] * self.config.num_blocks
+        return [(image + prior_k if prior_k is not None else image).contiguous()
+                for image, prior_k in zip(chain, priors)]
 
 
 

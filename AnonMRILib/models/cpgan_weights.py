@@ -19,10 +19,11 @@ from .model_card import sha256_of, verify_sha256
 
 MODEL_NAME = "cpgan-generator"
 #: the shipped generators by prior: ``average_head`` = CP-GAN on the anatomical prior (the face is
-#: T(x) + a learned residual), ``none`` = the paper's generator (the face from gamma alone)
+#: T(x) plus a learned residual, or warped by a learned diffeomorphism), ``none`` = the paper's
+#: generator (the face from gamma alone)
 SHIPPED_WEIGHTS: Dict[str, str] = {"average_head": "cpgan_s64_prior.safetensors", "none": "cpgan_s64.safetensors"}
-#: the prior of the default weights: the paper's generator until the prior generator is judged on
-#: every held-out head (docs/cpgan/faces.md); ``--prior average_head`` picks the other
+#: the prior of the default weights: the paper's generator until a prior generator passes the judges
+#: on every held-out head (docs/cpgan/warp/README.md); ``--prior average_head`` picks the other
 DEFAULT_PRIOR = "none"
 #: the default weights' name in the weights folder (found by :func:`default_weights_file`)
 WEIGHTS_NAME = SHIPPED_WEIGHTS[DEFAULT_PRIOR]

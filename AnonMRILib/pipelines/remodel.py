@@ -13,8 +13,12 @@ Stages (each reported through ``progress``):
 4. **back to the input grid**: the generated head is resampled (linear) from the model grid to
    the input grid, set to the background level outside the convex hull, and composed with the
    input so that every brain voxel is *copied* from the input at native resolution
-   (f = b*x + (1-b)*G). The brain voxels are then checked bit for bit against the input; any
-   difference raises :class:`~AnonMRILib.errors.InvariantError` and nothing is returned.
+   (f = b*x + (1-b)*G). With a generator on the anatomical prior (``prior="average_head"``) the
+   head outside the brain is instead T(x), placed at native resolution from gamma alone, either
+   warped by the generator's displacement field (:func:`warp_prior`: the field in mm, resampled
+   to the input grid, T read at p + u(p)) or plus its intensity residual (:func:`add_residual`).
+   The brain voxels are then checked bit for bit against the input; any difference raises
+   :class:`~AnonMRILib.errors.InvariantError` and nothing is returned.
 
 Randomness (probabilistic pooling, g_0, the hull's random rotations) all comes from ``seed``:
 the same input, weights and seed give the same output on CPU (CUDA may differ in the last bits
@@ -33,13 +37,15 @@ from ..progress import ProgressCallback, report, sub_progress
 WeightsLike = Union[None, str, Path]
 
 
-def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None, prior=None):
+def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None, prior=None,
+                           displacement: bool = False):
     """G(gamma) at full resolution: (S, S, S) float32 CPU tensor in normalised intensity units.
 
     ``gamma``: (3, S, S, S) tensor. ``prior``: T(x) on the model grid (S, S, S), normalised
-    units, for a generator with ``prior="average_head"`` (else None). The pyramid's Bernoulli
-    draws and g_0 come from a CPU ``torch.Generator`` seeded with ``seed`` (same numbers on
-    every device).
+    units, for a generator with ``prior="average_head"`` (else None). ``displacement``: for a
+    generator that warps the prior, return its displacement field instead, (3, S, S, S) in model
+    voxels along the model grid's axes. The pyramid's Bernoulli draws and g_0 come from a CPU
+    ``torch.Generator`` seeded with ``seed`` (same numbers on every device).
     """
     import torch
 
@@ -57,6 +63,8 @@ def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None, 
         if prior is not None:
             prior = torch.as_tensor(prior).to(device=device, dtype=torch.float32)
             priors = image_pyramid(prior[None, None], generator.config.scales)
+        if displacement:
+            return generator.displacements(gammas, noise=noise, prior_pyramid=priors)[-1][0].to("cpu", torch.float32)
         output = generator(gammas, noise=noise, prior_pyramid=priors)[-1]
     return output[0, 0].to("cpu", torch.float32)
 
@@ -75,14 +83,17 @@ def _privacy_config(card: Dict[str, Any], size: int, rotations: Optional[int] = 
     return PrivacyTransformConfig(**{k: v for k, v in values.items() if k in known})
 
 
-def _run_generator(generator, gamma, seed: int, device, progress: Optional[ProgressCallback], prior=None):
-    """Generate on ``device``; on CUDA out-of-memory warn and retry on the CPU."""
+def _run_generator(generator, gamma, seed: int, device, progress: Optional[ProgressCallback], prior=None,
+                   displacement: bool = False):
+    """Generate on ``device`` (:func:`generate_on_model_grid`); on CUDA out-of-memory warn and
+    retry on the CPU."""
     import torch
 
     from ..device import is_cuda_out_of_memory
 
     try:
-        return generate_on_model_grid(generator.to(device), gamma, seed=seed, device=device, prior=prior)
+        return generate_on_model_grid(generator.to(device), gamma, seed=seed, device=device, prior=prior,
+                                      displacement=displacement)
     except RuntimeError as error:
         if device.type != "cuda" or not is_cuda_out_of_memory(error):
             raise
@@ -92,7 +103,8 @@ def _run_generator(generator, gamma, seed: int, device, progress: Optional[Progr
         report(progress, 0.0, message)
         torch.cuda.empty_cache()
         cpu = torch.device("cpu")
-        return generate_on_model_grid(generator.to(cpu), gamma, seed=seed, device=cpu, prior=prior)
+        return generate_on_model_grid(generator.to(cpu), gamma, seed=seed, device=cpu, prior=prior,
+                                      displacement=displacement)
 
 
 def add_residual(prior: Volume, residual_model: np.ndarray, transform, volume: Volume) -> Volume:
@@ -112,6 +124,47 @@ def add_residual(prior: Volume, residual_model: np.ndarray, transform, volume: V
     return compose_preserving(volume, volume.with_array(head.astype(np.float32)), transform.brain_mask)
 
 
+def warp_prior(prior: Volume, displacement_model: np.ndarray, transform, volume: Volume) -> Volume:
+    """f = b*x + (1-b)*T(p + u(p)) on the input grid: T at native resolution warped by the
+    generator's displacement u (``displacement_model``: (3, S, S, S) model voxels along the model
+    grid's axes), turned into RAS mm, resampled (linear) to the input grid, smoothed with a
+    Gaussian of half a model voxel and faded out with the hull smoothed the same way; T is read
+    with trilinear interpolation (0 outside it) only where the displacement exceeds 0.001 voxel.
+    Input's dtype, brain voxels copied (checked by the caller)."""
+    from scipy import ndimage
+
+    from ..transforms.brain_preservation import compose_preserving
+
+    grid = transform.grid
+    world_mm = np.tensordot(np.asarray(grid.affine, np.float64)[:3, :3],
+                            np.asarray(displacement_model, np.float64), axes=(1, 0)).astype(np.float32)
+    sigma = 0.5 * float(grid.spacing_mm) / np.asarray(volume.spacing, np.float64)
+    inside = ndimage.gaussian_filter((np.asarray(transform.convex_hull.array) != 0).astype(np.float32), sigma)
+    to_index = np.linalg.inv(np.asarray(volume.affine, np.float64))[:3, :3]
+    shift = np.zeros((3,) + tuple(volume.shape[:3]), np.float32)  # input voxel units
+    for axis in range(3):
+        component = ndimage.gaussian_filter(grid.from_model(world_mm[axis], volume).array, sigma) * inside
+        for row in range(3):
+            shift[row] += np.float32(to_index[row, axis]) * component
+    moving = np.nonzero(np.abs(shift).max(axis=0) > 1e-3)
+    source = np.asarray(prior.array, np.float32)
+    head = source.copy()
+    if moving[0].size:
+        coordinates = np.stack([index + shift[row][moving] for row, index in enumerate(moving)])
+        head[moving] = ndimage.map_coordinates(source, coordinates, order=1, mode="constant", cval=0.0)
+    return compose_preserving(volume, volume.with_array(head), transform.brain_mask)
+
+
+def prior_output(generator, generated, prior: Optional[Volume], prior_model, transform, volume: Volume) -> Volume:
+    """The generator's result on the input grid, brain voxels copied: G's image restored outside
+    the hull (``prior="none"``), T plus the residual, or T warped by the displacement."""
+    if prior is None:
+        return transform.restore(generated, volume, suppress_outside_hull=True)
+    if generator.config.warps_prior:
+        return warp_prior(prior, generated.numpy(), transform, volume)
+    return add_residual(prior, generated.numpy() - prior_model, transform, volume)
+
+
 def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
                  device: str = "auto", seed: int = 0, progress: Optional[ProgressCallback] = None,
                  rotations: Optional[int] = None, prior: Optional[str] = None) -> Volume:
@@ -121,7 +174,8 @@ def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: W
     same grid, or None to compute one. ``weights``: CP-GAN generator safetensors (its model card
     beside it); None = the shipped weights of ``prior``: "none" (the default: the paper's
     generator, the face from gamma alone on the model grid) or "average_head" (the anatomical prior
-    T(x) plus the generator's residual; see the README's CP-GAN section for its status).
+    T(x) at native resolution, warped by the generator's displacement field, or plus its residual
+    for weights trained that way; see the README's CP-GAN section).
     ``device``: auto | cpu | cuda. Returns a Volume on ``volume``'s grid with its dtype; brain voxels are the input's, bit for bit (checked).
     ``rotations``: K of the surface representation (None = the model card's value).
     Raises WeightsError (weights missing/corrupt), InputError (bad input), InvariantError.
@@ -176,17 +230,14 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
     start = time.perf_counter()
     report(progress, 0.7, f"generator on {torch_device.type}")
     generated = _run_generator(generator, transform.gamma, seed, torch_device, sub_progress(progress, 0.7, 0.85),
-                               prior=prior_model)
+                               prior=prior_model, displacement=generator.config.warps_prior)
     if not bool(np.isfinite(generated.numpy()).all()):
         raise InvariantError("the CP-GAN generator produced NaN or infinite values; nothing was written")
     timings["generator"] = time.perf_counter() - start
 
     start = time.perf_counter()
     report(progress, 0.85, "resampling back to the input grid")
-    if prior is None:
-        output = transform.restore(generated, volume, suppress_outside_hull=True)
-    else:
-        output = add_residual(prior, generated.numpy() - prior_model, transform, volume)
+    output = prior_output(generator, generated, prior, prior_model, transform, volume)
     check_brain_preserved(volume, output, mask)
     timings["resample_back"] = time.perf_counter() - start
     report(progress, 1.0, "face remodeled; brain voxels verified")

@@ -156,10 +156,12 @@ def test_reconstruction_warmup_trains_only_the_generator(cache, tmp_path):
         assert same != moved
 
 
-def test_prior_conditioned_training_caches_the_prior_and_trains(tmp_path):
+@pytest.mark.parametrize("variation", ["intensity", "displacement"])
+def test_prior_conditioned_training_caches_the_prior_and_trains(tmp_path, variation):
     """model.prior = average_head: the cache holds T(x) on the model grid (placed from the scan's
-    brain mask and hull), training steps run, and the trained residual is no longer zero."""
-    config = tiny_config(model=dict(TINY_MODEL, prior="average_head"),
+    brain mask and hull), training steps run, and the trained residual (or velocity) is no longer
+    zero."""
+    config = tiny_config(model=dict(TINY_MODEL, prior="average_head", prior_variation=variation),
                          population={"subjects_per_head": 1, "scans_per_subject": 2, "seed": 0}, steps=2)
     cache_dir = tmp_path / "cache"
     train_cpgan.build_cache(config, cache_dir, log=lambda message: None)
@@ -169,6 +171,6 @@ def test_prior_conditioned_training_caches_the_prior_and_trains(tmp_path):
     assert float(prior[0][hull].mean()) > 0.1 and float(prior[0][~hull].abs().max()) < 0.2
     train_cpgan.train(config, tmp_path / "run", cache_dir, device_name="cpu")
     generator, card = load_generator(tmp_path / "run" / "generator.safetensors")
-    assert generator.config.prior == "average_head"
+    assert generator.config.prior == "average_head" and generator.config.prior_variation == variation
     last = generator.blocks[-1].to_image.conv.weight.detach()
     assert float(last.abs().sum()) > 0

@@ -142,7 +142,7 @@ def test_cuda_out_of_memory_is_reported_and_retried_on_cpu(monkeypatch):
         def to(self, device):
             return self
 
-    def fake_generate(generator, gamma, seed=0, device=None, prior=None):
+    def fake_generate(generator, gamma, seed=0, device=None, prior=None, displacement=False):
         calls.append(torch.device(device).type)
         if torch.device(device).type == "cuda":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -214,14 +214,28 @@ def prior_weights(tmp_path_factory):
     return path
 
 
-def test_prior_generator_starts_at_the_prior_and_keeps_the_brain(sample, prior_weights):
-    """prior=average_head: G = T + residual; untrained, the residual is 0, so the output outside the
-    brain is T(x) at the input's resolution (no model-grid staircase), the brain bit-exact."""
+@pytest.fixture(scope="module")
+def warp_weights(tmp_path_factory):
+    """An untrained S = 32 generator that warps the anatomical prior (its velocity starts at 0)."""
+    torch.manual_seed(0)
+    generator = CPGANGenerator(CPGANConfig(size=32, finest_channels=4, coarsest_channels=8, prior="average_head",
+                                           prior_variation="displacement"))
+    path = tmp_path_factory.mktemp("weights") / "warp.safetensors"
+    save_generator(path, generator, {"privacy_transform": {"size": 32, "rotations": 8}})
+    return path
+
+
+@pytest.mark.parametrize("weights_fixture", ["prior_weights", "warp_weights"])
+def test_prior_generator_starts_at_the_prior_and_keeps_the_brain(sample, weights_fixture, request):
+    """prior=average_head: G = T + residual, or T warped; untrained, the residual / velocity is 0,
+    so the output outside the brain is T(x) at the input's resolution (no model-grid staircase),
+    the brain bit-exact."""
     from AnonMRILib.transforms.anatomical_prior import prior_from_transform
     from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
 
     head, mask = sample
-    output, details = remodel_face_with_details(head, mask, weights=prior_weights, device="cpu", seed=0)
+    weights = request.getfixturevalue(weights_fixture)
+    output, details = remodel_face_with_details(head, mask, weights=weights, device="cpu", seed=0)
     brain = mask.array != 0
     assert np.array_equal(output.array[brain], head.array[brain])
     assert "anatomical_prior" in details["timings_s"]
@@ -245,3 +259,73 @@ def test_prior_generator_needs_the_prior():
         generator(gammas)
     with pytest.raises(ValueError):
         CPGANConfig(size=16, prior="template")
+    with pytest.raises(ValueError, match="prior_variation"):
+        CPGANConfig(size=16, prior="average_head", prior_variation="morph")
+    # cards written before the variation existed read as the additive residual
+    assert CPGANConfig.from_dict({"size": 16, "prior": "average_head"}).prior_variation == "intensity"
+
+
+def _random_warp_generator(size: int = 32, scale: float = 0.5):
+    """A warping generator whose last layers are drawn at ``scale`` (a velocity far from 0)."""
+    torch.manual_seed(1)
+    config = CPGANConfig(size=size, finest_channels=4, coarsest_channels=8, prior="average_head",
+                         prior_variation="displacement", max_velocity=0.1, brain_margin_voxels=2)
+    generator = CPGANGenerator(config)
+    with torch.no_grad():
+        for block in generator.blocks:
+            torch.nn.init.normal_(block.to_image.conv.weight, std=scale)
+    return generator
+
+
+def test_displacement_is_bounded_zero_in_the_brain_and_folding_free():
+    """prior_variation=displacement: |u| <= max_velocity * S/2 voxels, u = 0 on the brain (faded
+    within the margin), and x + u is a diffeomorphism (Jacobian determinant > 0 everywhere) even
+    for weights that push the velocity against its bound."""
+    from AnonMRILib.models.cpgan import image_pyramid
+    from AnonMRILib.transforms.pooling import privacy_pyramid
+
+    generator = _random_warp_generator(scale=5.0)
+    size = generator.config.size
+    gamma = torch.zeros(1, 3, size, size, size)
+    gamma[0, 0, 3:29, 3:29, 3:29] = 1
+    gamma[0, 1, 10:22, 9:21, 12:26] = 1
+    gamma[0, 2] = 0.6 * gamma[0, 1]
+    prior = torch.rand(1, 1, size, size, size)
+    with torch.no_grad():
+        fields = generator.displacements(privacy_pyramid(gamma, generator.config.scales),
+                                         prior_pyramid=image_pyramid(prior, generator.config.scales))
+    u = fields[-1][0]
+    assert float(u.abs().max()) <= 0.1 * size / 2 + 1e-4
+    assert float(u.abs().max()) > 0.5  # the weights do move the head
+    assert float(u[:, gamma[0, 1] > 0].abs().max()) < 1e-4
+    gradients = torch.stack([torch.stack(torch.gradient(u[c]), 0) for c in range(3)])  # d u_c / d x_a
+    jacobian = gradients.permute(2, 3, 4, 0, 1) + torch.eye(3)
+    assert float(torch.linalg.det(jacobian).min()) > 0
+
+
+def test_warp_prior_moves_the_prior_by_the_displacement_in_mm(sample):
+    """warp_prior reads T at p + u(p) on the input grid: with T = the RAS A coordinate (a linear
+    ramp, so trilinear reading is exact) and u = one model voxel along the model grid's j axis
+    (posterior -> anterior), the output deep inside the hull is A + one model voxel in mm."""
+    from scipy import ndimage
+
+    from AnonMRILib.pipelines.remodel import warp_prior
+    from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
+
+    head, mask = sample
+    transform = privacy_transform(head, mask, PrivacyTransformConfig(size=32, rotations=8), seed=0)
+    ramp = head.world_axis(1)
+    prior = head.with_array(ramp)
+    displacement = np.zeros((3, 32, 32, 32), np.float32)
+    displacement[1] = 1.0
+    output = warp_prior(prior, displacement, transform, head.with_array(ramp.astype(np.float32)))
+    hull = np.asarray(transform.convex_hull.array) != 0
+    step = int(np.ceil(2 * transform.grid.spacing_mm / float(min(head.spacing))))
+    deep = ndimage.binary_erosion(hull, iterations=step) & (mask.array == 0)
+    assert deep.sum() > 1000
+    shift = output.array[deep] - ramp[deep]
+    assert np.allclose(shift, transform.grid.spacing_mm, atol=0.1)  # within 1 %
+    assert np.array_equal(output.array[mask.array != 0], ramp[mask.array != 0])
+    # no displacement: T itself, outside the brain
+    still = warp_prior(prior, np.zeros_like(displacement), transform, head.with_array(ramp.astype(np.float32)))
+    assert np.array_equal(still.array, ramp)
