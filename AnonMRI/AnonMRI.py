@@ -323,10 +323,11 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.rotationsSpinBox.enabled = operation == core.REMODEL
         self.ui.samplingStepsSpinBox.enabled = operation == core.LESION
         self.ui.methodDescriptionLabel.text = _(
-            "A template head placed from the brain mask and hull, plus CP-GAN's learned variation on it; every "
-            "brain voxel is kept bit for bit."
-        ) if p.method == core.REMODEL_PRIOR_LABEL else {
-            core.REMODEL: _("Generates a new face, skull and scalp; every brain voxel is kept bit for bit."),
+            "The paper's CP-GAN generator: a new face, skull and scalp drawn on a 64^3 grid from the brain mask "
+            "and hull alone (blocky); every brain voxel is kept bit for bit."
+        ) if p.method == core.REMODEL_PAPER_LABEL else {
+            core.REMODEL: _("A template head placed from the brain mask and hull, reshaped by CP-GAN; every brain "
+                            "voxel is kept bit for bit."),
             core.LESION: _("Regenerates the anatomy around the lesions; the lesion's latent is kept, and its "
                            "voxels too with 'Exact lesion voxels'."),
         }.get(operation, _("Replaces the face, skull and scalp with a template head placed from the brain mask and "

@@ -20,8 +20,12 @@ For every head given (``--head NAME=IMAGE[,MASK]``) and every method (``--method
    (individual heads among ``--head`` that the weights were trained on; an average head is not an
    individual) and to each ``--training-head NAME=IMAGE`` (a training head that is only rendered
    and described, not remodeled and not in the gallery: e.g. the synthetic MakeHuman people of
-   ``Training/make_synthetic_heads.py``).
+   ``Training/make_synthetic_heads.py``);
+7. **template kinship**: the distance of each ``--reference-head NAME=IMAGE`` (e.g. the REFACE
+   template, whose skin every prior-based output wears) to each training head: a training head
+   that is this close to the template is as close to any output made from it, memorised or not.
 
+``--method`` may be left out for a calibration-only run (originals, references, training heads).
 Writes ``OUT/faces.json`` and ``OUT/faces.md``. Renderings are untextured: dlib's distances are
 compressed on them (module docstring of :mod:`AnonMRILib.evaluation.face_recognition`), so the
 tables report ranks and the same-person calibration next to raw distances.
@@ -91,11 +95,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", action="append", required=True, help="NAME=IMAGE[,MASK] or 'sample'")
-    parser.add_argument("--method", action="append", required=True, help="reface | remodel[=WEIGHTS]")
+    parser.add_argument("--method", action="append", default=[], help="reface | remodel[=WEIGHTS]")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--training-heads", nargs="*", default=[], help="individual heads the weights saw")
     parser.add_argument("--training-head", action="append", default=[], metavar="NAME=IMAGE",
                         help="a training head outside the gallery, only for the memorisation distances")
+    parser.add_argument("--reference-head", action="append", default=[], metavar="NAME=IMAGE",
+                        help="a head (e.g. the template) whose distance to every training head is reported")
     parser.add_argument("--size", type=int, default=256, help="rendering size (pixels)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -120,6 +126,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for text in args.training_head:
         name, volume, _ = parse_head(text)
         training_only[name] = recognizer.describe_views(render_views(volume, DETECTION_VIEWS, args.size))[0]
+    training_descriptors = dict(training_only)
+    training_descriptors.update({n: originals[n]["descriptor"] for n in args.training_heads})
+    references = {}
+    for text in args.reference_head:
+        name, volume, _ = parse_head(text)
+        descriptor = recognizer.describe_views(render_views(volume, DETECTION_VIEWS, args.size))[0]
+        references[name] = {n: (face_distance(descriptor, d) if descriptor is not None and d is not None else None)
+                            for n, d in training_descriptors.items()}
 
     outputs: List[Dict] = []
     for name, volume, _ in heads:
@@ -168,7 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         record.pop("descriptor")
     gallery = {a: {b: None for b in names} for a in names}
     summary = {"originals": originals, "outputs": outputs, "gallery_heads": names, "views": VIEWS,
-               "detection_views": DETECTION_VIEWS, "rendering_size": args.size, "distance_between_originals": gallery}
+               "detection_views": DETECTION_VIEWS, "rendering_size": args.size, "distance_between_originals": gallery,
+               "reference_to_training_heads": references}
     descriptors = {}
     for name, volume, _ in heads:
         descriptors[name] = recognizer.describe_views(render_views(volume, DETECTION_VIEWS, args.size))[0]
@@ -204,6 +219,13 @@ def markdown(summary: Dict) -> str:
               "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for a in names:
         lines.append(f"| {a} | " + " | ".join(_fmt(summary["distance_between_originals"][a][b]) for b in names) + " |")
+    references = summary.get("reference_to_training_heads") or {}
+    if references:
+        training = list(next(iter(references.values())))
+        lines += ["", "Distances of the reference heads to the training heads:", "",
+                  "| | " + " | ".join(training) + " |", "|---" * (len(training) + 1) + "|"]
+        for name, distances in references.items():
+            lines.append(f"| {name} | " + " | ".join(_fmt(distances[n]) for n in training) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,9 @@ Stages:
    (paired by gamma), the critic's gradient for D and the generator's gradient for G taken
    from the same pass (simultaneous update; ``backward(inputs=...)`` keeps them apart).
    Optional per-scale L1 term on the remodeled region (``reconstruction_weight``; 0 = the paper's
-   pure adversarial loss). Optional warm-up (``reconstruction_warmup_steps``): the first steps
+   pure adversarial loss); ``reconstruction_excludes_face`` keeps it off the voxels in front of the
+   brain (:func:`~AnonMRILib.models.cpgan.face_region`), so the face's shape is not pulled towards
+   the training head's own face. Optional warm-up (``reconstruction_warmup_steps``): the first steps
    train G on that L1 term alone, with no discriminator pass (as ESRGAN pretrains its generator
    on a pixel loss), which on a CPU budget gets G to a plausible head many times faster than
    adversarial steps; the adversarial game then starts from it, at ``adversarial_learning_rate``
@@ -86,6 +88,7 @@ class TrainConfig:
     betas: Tuple[float, float] = (0.0, 0.99)
     reconstruction_weight: float = 0.0
     reconstruction_warmup_steps: int = 0
+    reconstruction_excludes_face: bool = False
     ema_decay: float = 0.99
     flip_augmentation: bool = True
     log_every: int = 10
@@ -473,7 +476,7 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
             priors = image_pyramid(prior, scales) if model_config.uses_prior else None
             noise = generator.sample_noise(gamma.shape[0], rng, device)
             fake = g_model(gammas, noise=noise, prior_pyramid=priors)
-            l1 = remodel_region_l1(fake, images, gammas)
+            l1 = remodel_region_l1(fake, images, gammas, exclude_face=config.reconstruction_excludes_face)
             warmup = step < config.reconstruction_warmup_steps
             set_learning_rate((optimizer_g, optimizer_d), phase_learning_rate(config, warmup))
             optimizer_g.zero_grad(set_to_none=True)
@@ -557,6 +560,7 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
                 "betas": list(config.betas), "optimizer": "AdamP", "loss": "relativistic non-averaging LSGAN",
                 "reconstruction_weight": config.reconstruction_weight,
                 "reconstruction_warmup_steps": config.reconstruction_warmup_steps, "ema_decay": config.ema_decay,
+                "reconstruction_excludes_face": config.reconstruction_excludes_face,
                 "final": last,
             },
             "privacy_transform": dataset.index["privacy"],

@@ -34,9 +34,16 @@ LESION = "lesion"
 DEFACE = "deface"
 
 #: labels of the panel's Method combo box (the parameter node stores the label)
+#: CP-GAN with the shipped default generator: on the anatomical prior (a template head placed from
+#: the brain mask and hull, warped by the generator's learned variation)
 REMODEL_LABEL = "CP-GAN face remodeling"
-#: CP-GAN on the anatomical prior (a placed template head plus the generator's learned variation)
+#: the paper's generator (the face from gamma alone on the 64^3 model grid; ``prior="none"``)
+REMODEL_PAPER_LABEL = "CP-GAN face remodeling, paper generator (no template)"
+#: the label earlier versions listed for the prior generator (now the default); still read from
+#: saved scenes and parameter nodes
 REMODEL_PRIOR_LABEL = "CP-GAN face remodeling on the template head (prior)"
+#: the ``prior`` option each CP-GAN label asks for (absent: the shipped default)
+REMODEL_PRIORS = {REMODEL_PAPER_LABEL: "none", REMODEL_PRIOR_LABEL: "average_head"}
 LESION_LABEL = "Lesion-preserving anonymization"
 #: REFACE replaces the face with a placed template head (not a removal): its own label, second
 REFACE_LABEL = "REFACE: template face"
@@ -90,18 +97,18 @@ def removal_methods() -> List[str]:
 
 
 def method_labels() -> List[str]:
-    """Every entry of the panel's Method combo box: CP-GAN (the paper's generator), REFACE (when
-    the library has it), the lesion method, the removal baselines, then CP-GAN on the anatomical
-    prior (its shipped weights are optional)."""
+    """Every entry of the panel's Method combo box: CP-GAN (the shipped default generator, on the
+    anatomical prior), REFACE (when the library has it), the lesion method, the removal baselines,
+    then the paper's CP-GAN generator."""
     methods = removal_methods()
     reface = [REFACE_LABEL] if REFACE in methods else []
     return [REMODEL_LABEL] + reface + [LESION_LABEL] + [REMOVAL_LABEL_PREFIX + name for name in methods
-                                                        if name != REFACE] + [REMODEL_PRIOR_LABEL]
+                                                        if name != REFACE] + [REMODEL_PAPER_LABEL]
 
 
 def parse_method_label(label: str):
     """``(operation, removal method or None)`` for a Method combo-box label (or a bare method key)."""
-    if label in (REMODEL_LABEL, REMODEL, "cpgan", "CP-GAN", REMODEL_PRIOR_LABEL):
+    if label in (REMODEL_LABEL, REMODEL, "cpgan", "CP-GAN") or label in REMODEL_PRIORS:
         return REMODEL, None
     if label in (LESION_LABEL, LESION):
         return LESION, None
@@ -643,8 +650,8 @@ class AnonMRILogicCore:
         if operation == LESION and exactLesion:
             options["exact_lesion"] = True
         weights_path = str(weights) if weights not in (None, "", ".") else None
-        if method == REMODEL_PRIOR_LABEL and weights_path is None:
-            options["prior"] = "average_head"
+        if method in REMODEL_PRIORS and weights_path is None:
+            options["prior"] = REMODEL_PRIORS[method]
         if weights_path is not None:
             check_weights_path(operation, weights_path)
         mark_original(volumeNode)

@@ -28,9 +28,9 @@ def add_parser(subparsers) -> None:
                         help="CP-GAN generator weights (.safetensors with its .json model card beside it; "
                              "default: the shipped weights of --prior)")
     parser.add_argument("--prior", choices=("average_head", "none"), default=None,
-                        help="which shipped generator: none (default: the paper's generator, the face from the brain "
-                             "mask and hull alone at the model's resolution) or average_head (a template head placed "
-                             "from the brain mask and hull, plus CP-GAN's learned variation)")
+                        help="which shipped generator: average_head (default: a template head placed from the brain "
+                             "mask and hull, reshaped by CP-GAN at the input's resolution) or none (the paper's "
+                             "generator: the face from the brain mask and hull alone on the 64^3 model grid)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0): same seed, same output")
     parser.add_argument("--rotations", type=int, default=None, metavar="K",
                         help="rotations K of the surface representation (default: the model card's)")

@@ -277,6 +277,11 @@ def verdict(result: Dict[str, Any]) -> Tuple[str, List[str]]:
         who = "open recognizer" if recognizer.get("identified") else "Siamese attacker"
         explanations.append(f"only the {who} re-identifies it; one attacker that succeeds is enough, so the verdict "
                             "follows it")
+        if siamese.get("identified"):  # the face is not recognised; the outline is
+            explanations.append("the Siamese attacker reads the head's outline at low resolution: a method that "
+                                "keeps the convex hull (CP-GAN, REFACE, FACE MASK) keeps the outline, which the "
+                                "anonymized scan shares, in the same pose, with the original it is compared with; "
+                                "the face itself is not recognised")
     if anonymity is not None and anonymity.get("anonymized") == identified:
         if identified:
             explanations.append("the PSNR criterion counts it anonymized (pixel similarity to the original is no "

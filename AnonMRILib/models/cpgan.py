@@ -51,8 +51,9 @@ Variation  (``prior_variation``, with the prior). ``"intensity"``: r_k is added 
            additive residual trained on synthetic people put lumps on cheeks and jaw and a flap
            under an ear (README); a warp can only move T's own tissue, so the skin keeps T's
            detail at the input's resolution and the network learns face *shape*. The remodel
-           pipeline brings u_S to the input grid and warps T there. Judged, not shipped
-           (docs/cpgan/warp/).
+           pipeline brings u_S to the input grid and warps T there. The shipped default
+           weights (``cpgan_s64_prior``) are this variation, trained with the reconstruction L1
+           kept off the face (:func:`face_region`; docs/cpgan/warp/).
 Discriminator  d_1 = D^(1)(v_S, gamma_S), d_k = D^(k)(down(d_{k-1}), v_k, gamma_k), then a
            fully connected layer F to a scalar. Choice: the features passed between scales have
            several channels (the paper writes 1); down = 2x average pooling.
@@ -468,16 +469,35 @@ def generator_loss(real_scores: torch.Tensor, fake_scores: torch.Tensor) -> torc
     return ((fake_scores - real_scores - 1.0) ** 2).mean()
 
 
+def face_region(gamma: torch.Tensor, front_fraction: float = 0.5) -> torch.Tensor:
+    """(N, 1, k, k, k) 1 where a voxel lies in front of the brain: model axis j (posterior ->
+    anterior) beyond the brain's centroid plus ``front_fraction`` of the way to its most anterior
+    voxel (per sample; read from gamma's brain channel). Covers forehead, eyes, nose, mouth, chin."""
+    brain = gamma[:, BRAIN_CHANNEL:BRAIN_CHANNEL + 1]
+    size = brain.shape[-2]
+    j = torch.arange(size, dtype=brain.dtype, device=brain.device).reshape(1, 1, 1, size, 1)
+    profile = brain.sum(dim=(1, 2, 4))  # (N, k): brain voxels per coronal plane
+    total = profile.sum(dim=1).clamp_min(1.0)
+    centroid = (profile * j.reshape(1, size)).sum(dim=1) / total
+    front = torch.where(profile > 0, j.reshape(1, size).expand_as(profile), torch.full_like(profile, -1)).amax(dim=1)
+    threshold = centroid + front_fraction * (front - centroid)
+    return (j > threshold.reshape(-1, 1, 1, 1, 1)).to(brain.dtype).expand_as(brain)
+
+
 def remodel_region_l1(generated: Sequence[torch.Tensor], images: Sequence[torch.Tensor],
-                      gammas: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    """Per-scale mean |g_k - x_k| over the remodeled region (inside the hull, outside the brain).
+                      gammas: Sequence[torch.Tensor], exclude_face: bool = False) -> List[torch.Tensor]:
+    """Per-scale mean |g_k - x_k| over the remodeled region (inside the hull, outside the brain;
+    with ``exclude_face`` also outside :func:`face_region`).
 
     Logged at every scale; optionally added to the generator loss (see the training script):
-    it pulls G towards the conditional mean head given gamma, which carries no face detail.
+    it pulls G towards the conditional mean head given gamma. Excluding the face keeps that pull
+    (towards the training head's own face, which its hull implies) off the face.
     """
     losses = []
     for g, x, c in zip(generated, images, gammas):
         region = c[:, HULL_CHANNEL:HULL_CHANNEL + 1] * (1.0 - c[:, BRAIN_CHANNEL:BRAIN_CHANNEL + 1])
+        if exclude_face:
+            region = region * (1.0 - face_region(c))
         losses.append((region * (g - x).abs()).sum() / region.sum().clamp_min(1.0))
     return losses
 

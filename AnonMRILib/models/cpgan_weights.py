@@ -22,9 +22,9 @@ MODEL_NAME = "cpgan-generator"
 #: T(x) plus a learned residual, or warped by a learned diffeomorphism), ``none`` = the paper's
 #: generator (the face from gamma alone)
 SHIPPED_WEIGHTS: Dict[str, str] = {"average_head": "cpgan_s64_prior.safetensors", "none": "cpgan_s64.safetensors"}
-#: the prior of the default weights: the paper's generator until a prior generator passes the judges
-#: on every held-out head (docs/cpgan/warp/README.md); ``--prior average_head`` picks the other
-DEFAULT_PRIOR = "none"
+#: the prior of the default weights: the generator on the anatomical prior, judged on every
+#: held-out real head (docs/cpgan/warp/README.md); ``--prior none`` picks the paper's generator
+DEFAULT_PRIOR = "average_head"
 #: the default weights' name in the weights folder (found by :func:`default_weights_file`)
 WEIGHTS_NAME = SHIPPED_WEIGHTS[DEFAULT_PRIOR]
 #: where the default weights sit in the installed package; when the file is not there,

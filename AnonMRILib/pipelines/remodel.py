@@ -215,8 +215,9 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
 
     start = time.perf_counter()
     report(progress, 0.4, "privacy transform")
+    transform_done = 0.5 if generator.config.uses_prior else 0.7  # the prior's placement takes 0.5-0.7
     transform = privacy_transform(volume, mask, _privacy_config(card, generator.config.size, rotations), seed=seed,
-                                  progress=sub_progress(progress, 0.4, 0.7))
+                                  progress=sub_progress(progress, 0.4, transform_done))
     timings["privacy_transform"] = time.perf_counter() - start
 
     prior = prior_model = None

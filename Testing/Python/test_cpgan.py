@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 from AnonMRILib.errors import WeightsError  # noqa: E402
 from AnonMRILib.models.cpgan import (CPGANConfig, CPGANDiscriminator, CPGANGenerator,  # noqa: E402
                                      compose_preserving, compose_pyramid, discriminator_loss, generator_loss,
-                                     image_pyramid, mask_to_hull, model_grid_coordinates, remodel_region_l1)
+                                     face_region, image_pyramid, mask_to_hull, model_grid_coordinates,
+                                     remodel_region_l1)
 from AnonMRILib.models.cpgan_weights import load_generator, save_generator  # noqa: E402
 from AnonMRILib.transforms.pooling import privacy_pyramid  # noqa: E402
 
@@ -216,3 +217,22 @@ def test_weights_round_trip_and_errors(tmp_path):
     (tmp_path / "wrong.json").write_text(json.dumps(other))
     with pytest.raises(WeightsError, match="do not match"):
         load_generator(wrong)
+
+
+def test_face_region_is_in_front_of_the_brain_and_can_be_left_out_of_the_l1():
+    """face_region: model axis j beyond the brain centroid plus half the way to its front; the L1
+    with exclude_face ignores a change made there, and still sees one made behind the brain."""
+    gamma = torch.zeros(1, 3, 16, 16, 16)
+    gamma[:, 0, 1:15, 1:15, 1:15] = 1
+    gamma[:, 1, 5:11, 4:10, 6:12] = 1  # brain: j from 4 to 9, centroid 6.5, front 9
+    face = face_region(gamma)[0, 0]
+    assert face.shape == (16, 16, 16)
+    assert bool((face[:, 8:] == 1).all()) and bool((face[:, :8] == 0).all())  # j > 6.5 + 0.5 * 2.5
+    target = torch.zeros(1, 1, 16, 16, 16)
+    in_front = target.clone()
+    in_front[:, :, 7, 12, 8] = 1.0
+    behind = target.clone()
+    behind[:, :, 7, 2, 8] = 1.0
+    assert float(remodel_region_l1([in_front], [target], [gamma], exclude_face=True)[0]) == 0.0
+    assert float(remodel_region_l1([in_front], [target], [gamma])[0]) > 0.0
+    assert float(remodel_region_l1([behind], [target], [gamma], exclude_face=True)[0]) > 0.0

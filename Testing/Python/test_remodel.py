@@ -88,16 +88,19 @@ def test_same_seed_same_output_other_seed_differs(sample, tiny_weights, remodele
     assert not np.array_equal(other.array, again.array)
 
 
-def test_progress_is_reported_per_stage(sample, tiny_weights):
+@pytest.mark.parametrize("weights_fixture", ["tiny_weights", "warp_weights"])
+def test_progress_is_reported_per_stage(sample, weights_fixture, request):
+    """Never backwards, ending at 1.0, with or without the anatomical prior's stage."""
     head, mask = sample
     messages = []
-    remodel_face(head, mask, weights=tiny_weights, device="cpu", seed=0,
+    remodel_face(head, mask, weights=request.getfixturevalue(weights_fixture), device="cpu", seed=0,
                  progress=lambda fraction, message: messages.append((fraction, message)))
     fractions = [f for f, _ in messages]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     text = " ".join(m for _, m in messages)
     for stage in ("brain mask", "privacy transform", "generator", "resampling back"):
         assert stage in text
+    assert ("anatomical prior" in text) == (weights_fixture == "warp_weights")
 
 
 @pytest.mark.parametrize("prior", ["average_head", "none"])
@@ -190,8 +193,8 @@ def test_shipped_weights_are_chosen_by_prior(tiny_weights, prior_weights):
     from AnonMRILib.errors import WeightsError
     from AnonMRILib.models.cpgan_weights import SHIPPED_WEIGHTS, load_generator, shipped_weights_name
 
-    assert shipped_weights_name() == SHIPPED_WEIGHTS["none"] == "cpgan_s64.safetensors"
-    assert shipped_weights_name("average_head") == "cpgan_s64_prior.safetensors"
+    assert shipped_weights_name() == SHIPPED_WEIGHTS["average_head"] == "cpgan_s64_prior.safetensors"
+    assert shipped_weights_name("none") == "cpgan_s64.safetensors"
     with pytest.raises(WeightsError, match="no shipped CP-GAN weights for prior 'magic'"):
         shipped_weights_name("magic")
     # a weights file given with a prior must carry that prior

@@ -160,8 +160,8 @@ def _load_deepbet():
 
 #: loader -> (what the message names, the file, whether the manifest lists it)
 LOADERS = {
-    "cpgan": (_load_cpgan, "CP-GAN weights", "cpgan_s64.safetensors", True),
-    "cpgan-prior": (lambda: _load_cpgan(prior="average_head"), "CP-GAN weights", "cpgan_s64_prior.safetensors", False),
+    "cpgan": (_load_cpgan, "CP-GAN weights", "cpgan_s64_prior.safetensors", True),
+    "cpgan-paper": (lambda: _load_cpgan(prior="none"), "CP-GAN weights", "cpgan_s64.safetensors", True),
     "attacker": (_load_attacker, "re-identification attacker weights", "reid_siamese.safetensors", False),
     "lesion": (_load_lesion, "lesion VAE weights", "lesion_vae.safetensors", True),
     "hdbet": (_load_hdbet, "HD-BET brain-extraction weights", HDBET, True),
@@ -209,7 +209,7 @@ def test_the_privacy_protocol_leaves_cp_gan_out_with_the_reason(nowhere):
 
     anonymizers = Anonymizers(EvaluationConfig(methods=["CP-GAN"]))
     assert not anonymizers.available("CP-GAN")
-    assert anonymizers.cpgan_note.startswith("CP-GAN left out: CP-GAN weights cpgan_s64.safetensors is missing")
+    assert anonymizers.cpgan_note.startswith("CP-GAN left out: CP-GAN weights cpgan_s64_prior.safetensors is missing")
 
 
 def test_the_command_line_prints_one_line_without_traceback(nowhere, tmp_path, capsys):

@@ -92,8 +92,9 @@ def test_method_labels_round_trip():
     assert core.parse_method_label(core.REMODEL_LABEL) == (core.REMODEL, None)
     assert core.parse_method_label(core.REFACE_LABEL) == (core.DEFACE, "reface")
     assert not any(label.startswith(core.REMOVAL_LABEL_PREFIX) and "reface" in label for label in labels)
-    assert labels[-1] == core.REMODEL_PRIOR_LABEL
-    assert core.parse_method_label(core.REMODEL_PRIOR_LABEL) == (core.REMODEL, None)
+    assert labels[-1] == core.REMODEL_PAPER_LABEL
+    for label in (core.REMODEL_PAPER_LABEL, core.REMODEL_PRIOR_LABEL):  # the latter from saved scenes
+        assert core.parse_method_label(label) == (core.REMODEL, None)
     for label in labels[3:-1]:
         operation, method = core.parse_method_label(label)
         assert operation == core.DEFACE and method in core.removal_methods()
@@ -117,11 +118,14 @@ def test_request_holds_no_mrml_object(scene, head_nodes):
     assert request.options == {} and request.weights is None and request.seed == 3
 
 
-def test_prior_label_asks_for_the_prior_generator(scene, head_nodes):
+def test_cpgan_labels_ask_for_their_generator(scene, head_nodes):
+    """The plain CP-GAN label runs the shipped default (the prior generator), the paper label asks
+    for prior none, and the old prior label (saved scenes) for prior average_head."""
     _, _, head_node, brain_node = head_nodes
     logic = core.AnonMRILogicCore(scene)
-    request = logic.prepare(core.REMODEL_PRIOR_LABEL, head_node, brain_node)
-    assert request.operation == core.REMODEL and request.options == {"prior": "average_head"}
+    request = logic.prepare(core.REMODEL_PAPER_LABEL, head_node, brain_node)
+    assert request.operation == core.REMODEL and request.options == {"prior": "none"}
+    assert logic.prepare(core.REMODEL_PRIOR_LABEL, head_node, brain_node).options == {"prior": "average_head"}
     assert logic.prepare(core.REMODEL_LABEL, head_node, brain_node).options == {}
 
 

@@ -127,9 +127,10 @@ def test_a_contradiction_shows_the_single_re_identifiable_verdict(scene, head_no
     verdict_lines = [(row, text) for row, text in rows if text.startswith(VERDICT_STARTS)]
     assert verdict_lines == [("Verdict", verdict)]  # one verdict, no second line saying "anonymized"
     explanations = [text for row, text in rows if row.startswith("Explanation ")]
-    assert len(explanations) == 2
+    assert len(explanations) == 3
     assert explanations[0].startswith("only the Siamese attacker re-identifies it")
-    assert "PSNR criterion counts it anonymized" in explanations[1] and "the attackers decide" in explanations[1]
+    assert "outline" in explanations[1] and "convex hull" in explanations[1]
+    assert "PSNR criterion counts it anonymized" in explanations[2] and "the attackers decide" in explanations[2]
     summary = logic.scoresSummary(flat)
     assert summary == "Verdict: " + verdict and "not re-identified" not in summary
 
