@@ -178,15 +178,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              for n, d in training_only.items()})
     for record in outputs:
         record.pop("descriptor")
-    for record in originals.values():
-        record.pop("descriptor")
+    descriptors = {name: record.pop("descriptor") for name, record in originals.items()}
     gallery = {a: {b: None for b in names} for a in names}
     summary = {"originals": originals, "outputs": outputs, "gallery_heads": names, "views": VIEWS,
                "detection_views": DETECTION_VIEWS, "rendering_size": args.size, "distance_between_originals": gallery,
                "reference_to_training_heads": references}
-    descriptors = {}
-    for name, volume, _ in heads:
-        descriptors[name] = recognizer.describe_views(render_views(volume, DETECTION_VIEWS, args.size))[0]
     for a in names:
         for b in names:
             if descriptors[a] is not None and descriptors[b] is not None:

@@ -342,8 +342,7 @@ class SampleRenderer:
 
         images = [self.before]
         for seed in seeds:
-            generated = generate_on_model_grid(generator, self.transform.gamma, seed=seed, prior=self.prior_model,
-                                               displacement=generator.config.warps_prior)
+            generated = generate_on_model_grid(generator, self.transform.gamma, seed=seed, prior=self.prior_model)
             after = prior_output(generator, generated, self.prior, self.prior_model, self.transform, self.volume)
             images.append(render_face(after, size=192))
         path.parent.mkdir(parents=True, exist_ok=True)

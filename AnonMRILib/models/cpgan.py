@@ -474,14 +474,12 @@ def face_region(gamma: torch.Tensor, front_fraction: float = 0.5) -> torch.Tenso
     anterior) beyond the brain's centroid plus ``front_fraction`` of the way to its most anterior
     voxel (per sample; read from gamma's brain channel). Covers forehead, eyes, nose, mouth, chin."""
     brain = gamma[:, BRAIN_CHANNEL:BRAIN_CHANNEL + 1]
-    size = brain.shape[-2]
-    j = torch.arange(size, dtype=brain.dtype, device=brain.device).reshape(1, 1, 1, size, 1)
+    j = torch.arange(brain.shape[-2], dtype=brain.dtype, device=brain.device)
     profile = brain.sum(dim=(1, 2, 4))  # (N, k): brain voxels per coronal plane
-    total = profile.sum(dim=1).clamp_min(1.0)
-    centroid = (profile * j.reshape(1, size)).sum(dim=1) / total
-    front = torch.where(profile > 0, j.reshape(1, size).expand_as(profile), torch.full_like(profile, -1)).amax(dim=1)
+    centroid = (profile * j).sum(dim=1) / profile.sum(dim=1).clamp_min(1.0)
+    front = torch.where(profile > 0, j, torch.full_like(profile, -1)).amax(dim=1)
     threshold = centroid + front_fraction * (front - centroid)
-    return (j > threshold.reshape(-1, 1, 1, 1, 1)).to(brain.dtype).expand_as(brain)
+    return (j.reshape(1, 1, 1, -1, 1) > threshold.reshape(-1, 1, 1, 1, 1)).to(brain.dtype).expand_as(brain)
 
 
 def remodel_region_l1(generated: Sequence[torch.Tensor], images: Sequence[torch.Tensor],

@@ -37,13 +37,12 @@ from ..progress import ProgressCallback, report, sub_progress
 WeightsLike = Union[None, str, Path]
 
 
-def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None, prior=None,
-                           displacement: bool = False):
+def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None, prior=None):
     """G(gamma) at full resolution: (S, S, S) float32 CPU tensor in normalised intensity units.
 
     ``gamma``: (3, S, S, S) tensor. ``prior``: T(x) on the model grid (S, S, S), normalised
-    units, for a generator with ``prior="average_head"`` (else None). ``displacement``: for a
-    generator that warps the prior, return its displacement field instead, (3, S, S, S) in model
+    units, for a generator with ``prior="average_head"`` (else None). A generator that warps the
+    prior (``config.warps_prior``) returns its displacement field instead, (3, S, S, S) in model
     voxels along the model grid's axes. The pyramid's Bernoulli draws and g_0 come from a CPU
     ``torch.Generator`` seeded with ``seed`` (same numbers on every device).
     """
@@ -63,7 +62,7 @@ def generate_on_model_grid(generator, gamma, seed: int = 0, device: Any = None, 
         if prior is not None:
             prior = torch.as_tensor(prior).to(device=device, dtype=torch.float32)
             priors = image_pyramid(prior[None, None], generator.config.scales)
-        if displacement:
+        if generator.config.warps_prior:
             return generator.displacements(gammas, noise=noise, prior_pyramid=priors)[-1][0].to("cpu", torch.float32)
         output = generator(gammas, noise=noise, prior_pyramid=priors)[-1]
     return output[0, 0].to("cpu", torch.float32)
@@ -83,8 +82,7 @@ def _privacy_config(card: Dict[str, Any], size: int, rotations: Optional[int] = 
     return PrivacyTransformConfig(**{k: v for k, v in values.items() if k in known})
 
 
-def _run_generator(generator, gamma, seed: int, device, progress: Optional[ProgressCallback], prior=None,
-                   displacement: bool = False):
+def _run_generator(generator, gamma, seed: int, device, progress: Optional[ProgressCallback], prior=None):
     """Generate on ``device`` (:func:`generate_on_model_grid`); on CUDA out-of-memory warn and
     retry on the CPU."""
     import torch
@@ -92,8 +90,7 @@ def _run_generator(generator, gamma, seed: int, device, progress: Optional[Progr
     from ..device import is_cuda_out_of_memory
 
     try:
-        return generate_on_model_grid(generator.to(device), gamma, seed=seed, device=device, prior=prior,
-                                      displacement=displacement)
+        return generate_on_model_grid(generator.to(device), gamma, seed=seed, device=device, prior=prior)
     except RuntimeError as error:
         if device.type != "cuda" or not is_cuda_out_of_memory(error):
             raise
@@ -103,8 +100,7 @@ def _run_generator(generator, gamma, seed: int, device, progress: Optional[Progr
         report(progress, 0.0, message)
         torch.cuda.empty_cache()
         cpu = torch.device("cpu")
-        return generate_on_model_grid(generator.to(cpu), gamma, seed=seed, device=cpu, prior=prior,
-                                      displacement=displacement)
+        return generate_on_model_grid(generator.to(cpu), gamma, seed=seed, device=cpu, prior=prior)
 
 
 def add_residual(prior: Volume, residual_model: np.ndarray, transform, volume: Volume) -> Volume:
@@ -172,10 +168,10 @@ def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: W
 
     ``volume``: the head (any orientation and spacing). ``brain_mask``: nonzero = brain on the
     same grid, or None to compute one. ``weights``: CP-GAN generator safetensors (its model card
-    beside it); None = the shipped weights of ``prior``: "none" (the default: the paper's
-    generator, the face from gamma alone on the model grid) or "average_head" (the anatomical prior
-    T(x) at native resolution, warped by the generator's displacement field, or plus its residual
-    for weights trained that way; see the README's CP-GAN section).
+    beside it); None = the shipped weights of ``prior``: "average_head" (the default: the
+    anatomical prior T(x) at native resolution, warped by the generator's displacement field, or
+    plus its residual for weights trained that way) or "none" (the paper's generator, the face
+    from gamma alone on the model grid); see the README's CP-GAN section.
     ``device``: auto | cpu | cuda. Returns a Volume on ``volume``'s grid with its dtype; brain voxels are the input's, bit for bit (checked).
     ``rotations``: K of the surface representation (None = the model card's value).
     Raises WeightsError (weights missing/corrupt), InputError (bad input), InvariantError.
@@ -231,7 +227,7 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
     start = time.perf_counter()
     report(progress, 0.7, f"generator on {torch_device.type}")
     generated = _run_generator(generator, transform.gamma, seed, torch_device, sub_progress(progress, 0.7, 0.85),
-                               prior=prior_model, displacement=generator.config.warps_prior)
+                               prior=prior_model)
     if not bool(np.isfinite(generated.numpy()).all()):
         raise InvariantError("the CP-GAN generator produced NaN or infinite values; nothing was written")
     timings["generator"] = time.perf_counter() - start

@@ -22,6 +22,7 @@ def test_reference_heads_are_measured_against_the_training_heads(tmp_path):
     assert code == 0
     summary = json.loads((tmp_path / "faces.json").read_text())
     assert summary["outputs"] == []
+    assert summary["distance_between_originals"]["sample"]["sample"] == 0.0
     distances = summary["reference_to_training_heads"]
     assert distances["same"]["trained"] == pytest.approx(0.0, abs=1e-6)  # the same head, the same renderings
     assert distances["template"]["trained"] > 0.45  # the template is not the sample's person

@@ -145,7 +145,7 @@ def test_cuda_out_of_memory_is_reported_and_retried_on_cpu(monkeypatch):
         def to(self, device):
             return self
 
-    def fake_generate(generator, gamma, seed=0, device=None, prior=None, displacement=False):
+    def fake_generate(generator, gamma, seed=0, device=None, prior=None):
         calls.append(torch.device(device).type)
         if torch.device(device).type == "cuda":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
