@@ -54,18 +54,21 @@ outward from the middle slice, each conditioned on its generated neighbour
 (:class:`VolumeConsistencyConfig`).
 """
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..errors import InputError, InvariantError
 from ..io.volume import Volume, require_same_grid
 from ..progress import ProgressCallback, report, sub_progress
+from ..transforms.brain_prior import CONTRASTS, BrainPriorConfig
 
 if TYPE_CHECKING:  # torch is imported lazily (import time on a busy CPU)
     import torch
 
 GRADE_NAMES = {"LGG": 0, "HGG": 1}
+#: where the regenerated brain comes from: a placed donor brain (default) or the paper's generator alone
+PRIORS = ("donor", "none")
 MODEL_FIELD_OF_VIEW_MM = 240.0
 BRATS_DEPTH_SPAN_MM = 154.0
 
@@ -180,6 +183,12 @@ class LesionAnonymizationConfig:
     brain mask) in a second thread while the brain is generated, so a second core is used; the
     output is the same either way (the face methods are seeded), only the face's progress is not
     reported. Face method ``none`` always runs in line (it warns).
+
+    ``prior``: ``"donor"`` (default) regenerates the brain on a placed donor-brain prior
+    (:mod:`.lesion_prior`, :mod:`AnonMRILib.transforms.brain_prior`, settings ``brain_prior``;
+    ``contrast`` names the input's sequence or ``"auto"``); ``"none"`` is the paper's generator
+    (latent diffusion from grade, mask and depth; the settings above from ``steps`` to
+    ``fill_brain_mask`` apply to it only).
     """
 
     steps: int = 10
@@ -198,6 +207,15 @@ class LesionAnonymizationConfig:
     consistency: Optional[VolumeConsistencyConfig] = VolumeConsistencyConfig()
     fill_brain_mask: bool = True
     parallel_face: bool = True
+    prior: str = "donor"
+    contrast: str = "auto"
+    brain_prior: BrainPriorConfig = BrainPriorConfig()
+
+    def __post_init__(self) -> None:
+        if self.prior not in PRIORS:
+            raise InputError(f"unknown prior {self.prior!r} (use one of {', '.join(PRIORS)})")
+        if self.contrast not in CONTRASTS:
+            raise InputError(f"unknown contrast {self.contrast!r} (use one of {', '.join(CONTRASTS)})")
 
 
 @dataclass
@@ -609,44 +627,17 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
     import time
 
     from ..datasets.slices import intensity_window
-    from ..io.volume import require_usable_image
     from ..io.writers import cast_to_dtype
-    from .lesion_head import brain_region, face_treatment, input_kind
 
     config = config or LesionAnonymizationConfig()
-    require_same_grid(volume, lesion_mask, what="lesion mask")
-    require_usable_image(volume)
-    lesion_input = lesion_voxels(lesion_mask, config.allow_empty_lesion)
-    if config.steps < 1 or config.steps > 1000:
-        raise InputError(f"steps must be between 1 and 1000, got {config.steps}")
-    from .lesion_head import FACE_METHODS
-
-    if config.face_method not in FACE_METHODS:
-        raise InputError(f"unknown face method {config.face_method!r} (use one of {', '.join(FACE_METHODS)})")
+    if config.prior == "donor":
+        outputs, details = anonymize_lesion_contrasts([volume], lesion_mask, [config.contrast], config, weights,
+                                                      device, seed, progress, brain_mask)
+        return outputs[0], details
     timings = {}
     clock = time.perf_counter()
-    face_job = None
-    kind = input_kind(volume, config.input_kind)
-    details = {"input_kind": kind, "lesion_voxels_outside_brain": 0}
-    if kind == "head":
-        from ..transforms.brain_mask import resolve_brain_mask
-
-        report(progress, 0.0, "brain mask")
-        mask_volume = resolve_brain_mask(volume, brain_mask, backend=config.brain_backend, device=device,
-                                         progress=None if brain_mask is not None else sub_progress(progress, 0.0, 0.2))
-        brain_input, details["lesion_voxels_outside_brain"] = brain_region(mask_volume.array != 0, lesion_input)
-        if config.parallel_face and config.face_method != "none":
-            # the face treatment needs only the input and the brain mask: run it on another core
-            # while the brain is generated (its progress is not reported; see parallel_face)
-            face_job = BackgroundJob(face_treatment, volume, volume.with_array(brain_input.astype(np.uint8)),
-                                     config.face_method, seed=seed, device=device)
-    else:
-        if brain_mask is not None:
-            from ..transforms.brain_mask import user_brain_mask
-
-            brain_input = (user_brain_mask(brain_mask, volume).array != 0) | lesion_input
-        else:
-            brain_input = volume.array > volume.array.min()
+    lesion_input, kind, brain_input, details, face_job = _prepare_regions(volume, lesion_mask, config, device, seed,
+                                                                          progress, brain_mask)
     timings["brain_mask"] = time.perf_counter() - clock
     clock = time.perf_counter()
     models = weights if isinstance(weights, LesionModels) else load_lesion_models(weights, device)
@@ -719,16 +710,9 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
         result[:, :, slices] = np.moveaxis(result_stack, 0, -1)
     output = cast_to_dtype(result, volume.dtype)
     if kind == "head":
-        report(progress, 0.85, f"face: {config.face_method}")
+        outside = _face_outside(volume, brain_input, config, face_job, seed, device, progress, timings)
         if face_job is not None:
-            outside = face_job.result()
-            timings["face"] = face_job.seconds  # its own wall time, overlapping the generation
             details["face_in_parallel"] = True
-        else:
-            brain_volume = volume.with_array(brain_input.astype(np.uint8))
-            outside = face_treatment(volume, brain_volume, config.face_method, seed=seed, device=device,
-                                     progress=sub_progress(progress, 0.85, 0.99))
-            timings["face"] = time.perf_counter() - clock
         composed = to_ras_layout(np.asarray(outside.array), order, flips).copy()
         generated_brain = cast_to_dtype(np.moveaxis(result_stack, 0, -1), volume.dtype)
         inside = brain[:, :, slices]
@@ -746,6 +730,147 @@ def anonymize_lesions_with_details(volume: Volume, lesion_mask: Volume,
     details["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
     report(progress, 1.0, "done")
     return volume.with_array(output), details
+
+
+def _prepare_regions(volume: Volume, lesion_mask: Volume, config: LesionAnonymizationConfig, device: str, seed: int,
+                     progress: Optional[ProgressCallback], brain_mask: Optional[Volume]):
+    """Checks, then (lesion bool array, input kind, brain region bool array (joined with the lesion),
+    details, the face treatment started in a background thread or None) for one input."""
+    from ..io.volume import require_usable_image
+    from .lesion_head import FACE_METHODS, brain_region, face_treatment, input_kind
+
+    require_same_grid(volume, lesion_mask, what="lesion mask")
+    require_usable_image(volume)
+    lesion_input = lesion_voxels(lesion_mask, config.allow_empty_lesion)
+    if config.steps < 1 or config.steps > 1000:
+        raise InputError(f"steps must be between 1 and 1000, got {config.steps}")
+    if config.face_method not in FACE_METHODS:
+        raise InputError(f"unknown face method {config.face_method!r} (use one of {', '.join(FACE_METHODS)})")
+    face_job = None
+    kind = input_kind(volume, config.input_kind)
+    details = {"input_kind": kind, "lesion_voxels_outside_brain": 0}
+    if kind == "head":
+        from ..transforms.brain_mask import resolve_brain_mask
+
+        report(progress, 0.0, "brain mask")
+        mask_volume = resolve_brain_mask(volume, brain_mask, backend=config.brain_backend, device=device,
+                                         progress=None if brain_mask is not None else sub_progress(progress, 0.0, 0.2))
+        brain_input, details["lesion_voxels_outside_brain"] = brain_region(mask_volume.array != 0, lesion_input)
+        if config.parallel_face and config.face_method != "none":
+            # the face treatment needs only the input and the brain mask: run it on another core
+            # while the brain is generated (its progress is not reported; see parallel_face)
+            face_job = BackgroundJob(face_treatment, volume, volume.with_array(brain_input.astype(np.uint8)),
+                                     config.face_method, seed=seed, device=device)
+    else:
+        if brain_mask is not None:
+            from ..transforms.brain_mask import user_brain_mask
+
+            brain_input = (user_brain_mask(brain_mask, volume).array != 0) | lesion_input
+        else:
+            brain_input = volume.array > volume.array.min()
+    return lesion_input, kind, brain_input, details, face_job
+
+
+def _face_outside(volume: Volume, brain_input: np.ndarray, config: LesionAnonymizationConfig, face_job, seed: int,
+                  device: str, progress: Optional[ProgressCallback], timings: dict) -> Volume:
+    """The face treatment's result for a whole head: the background job's, or run now."""
+    import time
+
+    from .lesion_head import face_treatment
+
+    report(progress, 0.85, f"face: {config.face_method}")
+    if face_job is not None:
+        outside = face_job.result()
+        timings["face"] = face_job.seconds  # its own wall time, overlapping the generation
+        return outside
+    clock = time.perf_counter()
+    outside = face_treatment(volume, volume.with_array(brain_input.astype(np.uint8)), config.face_method, seed=seed,
+                             device=device, progress=sub_progress(progress, 0.85, 0.99))
+    timings["face"] = time.perf_counter() - clock
+    return outside
+
+
+def anonymize_lesion_contrasts(volumes: Sequence[Volume], lesion_mask: Volume, contrasts: Optional[Sequence[str]] = None,
+                               config: Optional[LesionAnonymizationConfig] = None, weights=None, device: str = "auto",
+                               seed: int = 0, progress: Optional[ProgressCallback] = None,
+                               brain_mask: Optional[Volume] = None) -> Tuple[List[Volume], dict]:
+    """Lesion-preserving anonymization of one or several co-registered contrasts of one patient on
+    one grid (BraTS: T1, T1c, T2, FLAIR) on the donor-brain prior (:mod:`.lesion_prior`): one placed
+    anatomy, rendered in each contrast. ``contrasts``: a name of
+    :data:`~AnonMRILib.transforms.brain_prior.CONTRASTS` per volume (default all ``"auto"``); the
+    first volume is the reference whose tissue classes every contrast uses, and whose brain mask is
+    computed for a whole head. Returns (outputs in each input's dtype, details). Whole heads: the
+    reference gets ``config.face_method`` outside the brain, the other contrasts carry its face
+    (:func:`~AnonMRILib.pipelines.multicontrast.carry_face`)."""
+    import time
+
+    from ..io.volume import require_usable_image
+    from ..io.writers import cast_to_dtype
+    from .lesion_prior import generate_on_brain_prior
+
+    config = config or LesionAnonymizationConfig()
+    volumes = list(volumes)
+    if not volumes:
+        raise InputError("give at least one image")
+    contrasts = list(contrasts) if contrasts is not None else ["auto"] * len(volumes)
+    if len(contrasts) != len(volumes):
+        raise InputError(f"{len(volumes)} images but {len(contrasts)} contrast names")
+    for name in contrasts:
+        if name not in CONTRASTS:
+            raise InputError(f"unknown contrast {name!r} (use one of {', '.join(CONTRASTS)})")
+    if config.prior != "donor":
+        if len(volumes) > 1:
+            raise InputError("several contrasts need the donor-brain prior (prior 'none' generates one T1-like image)")
+        output, details = anonymize_lesions_with_details(volumes[0], lesion_mask, config, weights, device, seed,
+                                                         progress, brain_mask)
+        return [output], details
+    for index, other in enumerate(volumes[1:], start=2):
+        require_same_grid(volumes[0], other, what=f"image {index}")
+        require_usable_image(other, what=f"image {index}")
+    timings = {}
+    clock = time.perf_counter()
+    reference = volumes[0]
+    lesion_input, kind, brain_input, details, face_job = _prepare_regions(reference, lesion_mask, config, device, seed,
+                                                                          progress, brain_mask)
+    timings["brain_mask"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    models = None
+    if not config.exact_lesion:
+        models = weights if isinstance(weights, LesionModels) else load_lesion_models(weights, device)
+    brains, prior_details = generate_on_brain_prior(volumes, lesion_input, brain_input, contrasts, config, models,
+                                                    seed, sub_progress(progress, 0.2, 0.85))
+    details.update(prior_details)
+    timings["generation"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    outputs = []
+    for index, (volume, generated) in enumerate(zip(volumes, brains)):
+        data = np.asarray(volume.array)
+        if kind == "head":
+            if index == 0:
+                outside = np.asarray(_face_outside(volume, brain_input, config, face_job, seed, device, progress,
+                                                   timings).array)
+                reference_out = reference.with_array(outside)
+            elif config.face_method == "none":
+                outside = data
+            else:
+                from .multicontrast import carry_face
+
+                outside = np.asarray(carry_face(reference, reference_out,
+                                                reference.with_array(brain_input.astype(np.uint8)), volume,
+                                                other_brain=volume.with_array(brain_input.astype(np.uint8))).array)
+            result = np.array(outside, copy=True)
+        else:
+            result = np.array(data, copy=True)
+        result[brain_input] = cast_to_dtype(generated[brain_input], volume.dtype)
+        if config.exact_lesion:
+            result[lesion_input] = data[lesion_input]
+            if not np.array_equal(result[lesion_input], data[lesion_input]):
+                raise InvariantError("lesion voxels differ from the input although exact_lesion was asked for")
+        outputs.append(volume.with_array(np.ascontiguousarray(result)))
+    timings["compose"] = time.perf_counter() - clock - (0.0 if face_job is not None else timings.get("face", 0.0))
+    details["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
+    report(progress, 1.0, "done")
+    return outputs, details
 
 
 class BackgroundJob:

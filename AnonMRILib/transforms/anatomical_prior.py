@@ -150,7 +150,7 @@ def level_set_features(hull_distance: np.ndarray, brain_distance: np.ndarray, cl
     return (np.clip(hull_distance, -clip_mm, clip_mm) + np.clip(brain_distance, -clip_mm, clip_mm)) / float(clip_mm)
 
 
-def _affine_fit(fixed, moving, seed: int = 1):
+def affine_fit(fixed, moving, seed: int = 1, what: str = "the anatomical prior"):
     """12-parameter affine (fixed point -> moving point) between two feature images, mean squares
     on a fixed random 20 % of the voxels (seeded: the same masks give the same transform), at 4x and
     2x the registration spacing (the features are smooth distance maps; finer adds nothing)."""
@@ -172,7 +172,7 @@ def _affine_fit(fixed, moving, seed: int = 1):
     try:
         return method.Execute(fixed, moving)
     except RuntimeError as error:
-        raise InputError(f"the anatomical prior could not be aligned to the brain mask and hull ({error})") from None
+        raise InputError(f"{what} could not be aligned to the patient's masks ({error})") from None
 
 
 def _demons(fixed, moving, config: AnatomicalPriorConfig):
@@ -249,7 +249,7 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
     moving = _to_sitk(level_set_features(*t_distances, clip), t_affine)
 
     report(progress, 0.25, "anatomical prior: affine fit of brain and hull")
-    affine_transform = _affine_fit(fixed, moving)
+    affine_transform = affine_fit(fixed, moving)
     moved = sitk.Resample(moving, fixed, affine_transform, sitk.sitkLinear, -2.0, sitk.sitkFloat32)
 
     report(progress, 0.45, "anatomical prior: deformation onto the hull")

@@ -1,0 +1,199 @@
+"""The lesion method on a placed donor-brain prior (``prior="donor"``, the default).
+
+    brains, details = generate_on_brain_prior(volumes, lesion, brain, contrasts, config, models, seed)
+
+For one or several co-registered contrasts of one patient (BraTS: T1, T1c, T2, FLAIR) on one grid:
+
+1. **tissue classes** of the reference contrast (the first) inside the non-lesion brain, and each
+   contrast's per-class intensity quantiles over those classes
+   (:func:`~AnonMRILib.transforms.brain_prior.classify_patient_tissues`,
+   :func:`~AnonMRILib.transforms.brain_prior.tissue_statistics`): global statistics only;
+2. **one placement** of a donor brain from the brain mask and the lesion mask
+   (:func:`~AnonMRILib.transforms.brain_prior.place_brain_prior`), shared by every contrast: one
+   anatomy in four contrasts;
+3. **T_b per contrast**: the donor's labels rendered with that contrast's statistics, resampled onto
+   the input grid (slab-averaged on thick slices), enhancement calibrated (a post-contrast input's
+   enhancing fraction is met on the input grid, where slab averaging dilutes thin vessels: one
+   correction of the donor fraction by the measured ratio), the input's noise level added (seeded;
+   Immerkaer's estimate, a global statistic);
+4. **the lesion through the paper's networks**: per axial slice, E2 encodes the input's lesion
+   ``x M`` (its latent is kept and checked unchanged, as in the paper), E1 encodes the prior's
+   background ``T_b (1 - M)``, and D3 decodes ``[z_l, z_s]``; the decoded slice gives the lesion
+   region and a ``feather_px`` band outside it, where it blends into T_b, so the lesion joins the new
+   anatomy through the joint decoder. With ``exact_lesion`` the lesion voxels are the input's and no
+   network runs (nothing outside the lesion comes from the input, so there is no band to feather).
+
+Why not the paper's generator here: its latent diffusion model draws z_s from (grade, M, depth) only,
+so the brain it decodes is its own 64-pixel blob (3.75 mm pixels, blurred, T1 contrast whatever the
+input). Here z_s is the prior's latent, so the anatomy is a real brain at the input's resolution and
+contrast; the variation comes from the donor, its mirroring and a seeded smooth deformation. A
+latent-diffusion model trained to draw z_s *around* the prior's latent (conditioned on it) is the
+next step; ``prior="none"`` keeps the paper's path unchanged.
+
+Invariant (tested): outside the lesion and its feather band the output depends on the input only
+through the brain mask, the lesion mask, the per-class intensity quantiles, the noise level and the
+seed; inside the band also through the lesion's latent.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import InputError, InvariantError
+from ..io.volume import Volume
+from ..progress import ProgressCallback, report, sub_progress
+
+
+def add_matching_noise(prior: np.ndarray, image: np.ndarray, region: np.ndarray, reference: np.ndarray,
+                       slice_axis: int, seed: int) -> Tuple[np.ndarray, float]:
+    """``prior`` with seeded Gaussian noise in ``region`` so that its in-plane noise level (Immerkaer)
+    matches ``image``'s over ``reference`` (bool arrays); returns (array, added sigma)."""
+    from ..transforms.appearance import estimate_noise_sigma
+
+    stack = lambda a: np.moveaxis(np.asarray(a), slice_axis, 0)  # noqa: E731
+    wanted = estimate_noise_sigma(stack(image), stack(reference))
+    present = estimate_noise_sigma(stack(prior), stack(region))
+    sigma = float(np.sqrt(max(wanted ** 2 - present ** 2, 0.0)))
+    if sigma <= 0:
+        return prior, 0.0
+    rng = np.random.default_rng([int(seed), 5519])
+    out = np.array(prior, dtype=np.float32, copy=True)
+    out[region] += (rng.standard_normal(int(region.sum())) * sigma).astype(np.float32)
+    return out, sigma
+
+
+def _enhancing_fraction_on_grid(prior: np.ndarray, region: np.ndarray, threshold: float) -> float:
+    values = prior[region]
+    return float((values > threshold).mean()) if values.size else 0.0
+
+
+def render_contrast(placement, statistics, image: Volume, region: np.ndarray, prior_config, seed: int,
+                    tail_threshold: Optional[float]) -> Tuple[np.ndarray, Dict[str, float]]:
+    """T_b of one contrast on ``image``'s grid (float32), with the enhancement calibration of the
+    module docstring (step 3) when ``statistics`` has an enhancing tail."""
+    import dataclasses
+
+    from ..transforms.brain_prior import render_brain_prior
+
+    prior = np.asarray(render_brain_prior(placement, statistics, image, region, prior_config, seed).array)
+    details: Dict[str, float] = {}
+    if statistics.enhancing is None or tail_threshold is None:
+        return prior, details
+    reached = _enhancing_fraction_on_grid(prior, region, tail_threshold)
+    wanted = statistics.enhancing_fraction
+    details.update({"enhancing_fraction_input": round(wanted, 4), "enhancing_fraction_first": round(reached, 4)})
+    if reached > 0 and abs(reached / wanted - 1.0) > 0.2:
+        corrected = dataclasses.replace(statistics, enhancing_fraction=min(wanted * wanted / reached, 0.25))
+        prior = np.asarray(render_brain_prior(placement, corrected, image, region, prior_config, seed).array)
+        reached = _enhancing_fraction_on_grid(prior, region, tail_threshold)
+    details["enhancing_fraction_output"] = round(reached, 4)
+    return prior, details
+
+
+def decode_lesion_slices(models, priors: np.ndarray, image: np.ndarray, lesion: np.ndarray, region: np.ndarray,
+                         spacing, window: Tuple[float, float], batch_size: int = 32) -> np.ndarray:
+    """The lesion method's networks on the prior (module docstring, step 4), slices along the last
+    axis of RAS-layout arrays: returns the decoded slices on the input grid (input units), with the
+    lesion latent invariant checked. ``priors``: T_b; ``image``: the input; ``lesion``, ``region``
+    bool; ``window``: the intensity window mapped to [0, 1]."""
+    import torch
+
+    from .lesion import slices_from_model, slices_to_model
+
+    low, high = window
+    present = np.flatnonzero(lesion.any(axis=(0, 1)))
+    out = np.array(priors, dtype=np.float32, copy=True)
+    if present.size == 0:
+        return out
+    size = models.image_size
+    box = np.argwhere(region)
+    center = (box.min(0) + box.max(0)) / 2.0
+    norm = lambda a: np.clip((np.asarray(a, np.float64) - low) / (high - low), 0.0, 1.0).astype(np.float32)  # noqa
+    composite = np.where(lesion, image, priors) * region
+    stack = np.moveaxis(norm(np.where(region, composite, low))[:, :, present], -1, 0)
+    mask_stack = np.moveaxis(lesion[:, :, present], -1, 0).astype(np.float32)
+    model_images = np.clip(slices_to_model(stack, spacing[:2], center[:2], size), 0.0, 1.0)
+    soft = slices_to_model(mask_stack, spacing[:2], center[:2], size)
+    model_masks = (soft >= 0.5) | ((soft > 0) & ~(soft >= 0.5).reshape(len(soft), -1).any(1)[:, None, None])
+    autoencoder = models.autoencoder
+    autoencoder.eval()
+    decoded = []
+    with torch.no_grad():
+        for start in range(0, len(present), batch_size):
+            x = torch.from_numpy(model_images[start:start + batch_size])[:, None].to(models.device)
+            m = torch.from_numpy(model_masks[start:start + batch_size].astype(np.float32))[:, None].to(models.device)
+            z_lesion, _ = autoencoder.encode_lesion(x, m)
+            stored = z_lesion.clone()
+            z_background, _ = autoencoder.encode_background(x, m)
+            decoded.append(autoencoder.decode_joint(z_lesion, z_background).clamp(0.0, 1.0)[:, 0].cpu().numpy())
+            again, _ = autoencoder.encode_lesion(x, m)
+            if not torch.equal(z_lesion, stored) or not torch.allclose(again, stored, rtol=1e-4, atol=1e-5):
+                raise InvariantError("the lesion latent used for decoding is not the lesion encoder's output")
+    back = slices_from_model(np.concatenate(decoded), spacing[:2], center[:2], image.shape[:2])
+    out[:, :, present] = np.moveaxis(back.astype(np.float64) * (high - low) + low, 0, -1)
+    return out
+
+
+def generate_on_brain_prior(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.ndarray,
+                            contrasts: Sequence[str], config, models=None, seed: int = 0,
+                            progress: Optional[ProgressCallback] = None) -> Tuple[List[np.ndarray], Dict]:
+    """Regenerated brains (float64 arrays on the input grid, one per contrast; only ``brain`` voxels
+    are meant to be used) and details. ``lesion``, ``brain`` bool arrays of the shared grid
+    (``brain`` includes the lesion); ``config`` a :class:`~AnonMRILib.pipelines.lesion.LesionAnonymizationConfig`;
+    ``models`` the lesion networks (needed unless ``config.exact_lesion``)."""
+    from ..datasets.slices import intensity_window
+    from ..transforms.brain_prior import (classify_patient_tissues, guess_tissue_order, is_t1_like,
+                                          place_brain_prior, tissue_statistics, bright_tail_threshold)
+    from .lesion import axial_layout, feather_weights, from_ras_layout, to_ras_layout
+
+    if len(contrasts) != len(volumes):
+        raise InputError("give one contrast name per image")
+    prior_config = config.brain_prior
+    reference = volumes[0]
+    report(progress, 0.0, "brain prior: tissue classes")
+    labels, order, described = classify_patient_tissues(reference, brain, lesion, contrasts[0], prior_config)
+    details: Dict = {"prior": "donor", "tissue_order": [described]}
+    placement = place_brain_prior(reference.with_array(brain.astype(np.uint8)),
+                                  reference.with_array(lesion.astype(np.uint8)), seed=seed, config=prior_config,
+                                  progress=sub_progress(progress, 0.05, 0.35))
+    details.update({"donor": placement.donor.name, **placement.details})
+    layout = axial_layout(reference.affine)
+    slice_axis = layout[0][2]
+    outputs = []
+    reference_region = brain & (labels > 0)
+    for index, (volume, contrast) in enumerate(zip(volumes, contrasts)):
+        part = sub_progress(progress, 0.35 + 0.5 * index / len(volumes), 0.35 + 0.5 * (index + 1) / len(volumes))
+        report(part, 0.0, f"brain prior: contrast {index + 1} of {len(volumes)}")
+        if index == 0:
+            image_order = order
+        elif contrast == "auto":
+            image_order = guess_tissue_order(np.asarray(volume.array)[reference_region].astype(np.float64))
+            details["tissue_order"].append(f"auto: {', '.join(image_order)} from dark to bright")
+        else:
+            from ..transforms.brain_prior import CONTRAST_ORDERS
+
+            image_order = CONTRAST_ORDERS[contrast]
+            details["tissue_order"].append(contrast)
+        bright = is_t1_like(image_order)
+        statistics = tissue_statistics(volume, labels, prior_config, bright_tail=bright)
+        data = np.asarray(volume.array, dtype=np.float64)
+        threshold = bright_tail_threshold(data[labels > 0], prior_config.enhancing_mad) if bright else None
+        prior, enhancement = render_contrast(placement, statistics, volume, brain, prior_config, seed + index,
+                                             threshold)
+        report(part, 0.6, "brain prior: noise")
+        prior, sigma = add_matching_noise(prior, data, brain & ~lesion, reference_region, slice_axis, seed + index)
+        details.setdefault("contrasts", []).append({"noise_sigma_added": round(sigma, 3), **enhancement})
+        if not config.exact_lesion:
+            if models is None:
+                raise InputError("regenerating the lesion from its latent needs the lesion networks")
+            order_, flips = layout
+            ras = [to_ras_layout(a, order_, flips) for a in (prior, data, lesion, brain)]
+            spacing = np.asarray(volume.spacing)[list(order_)]
+            window = intensity_window(np.where(brain, data, data.min()))
+            decoded = decode_lesion_slices(models, ras[0], ras[1], ras[2], ras[3], spacing, window,
+                                           batch_size=config.batch_size)
+            weight = np.moveaxis(feather_weights(np.moveaxis(ras[2], -1, 0), config.feather_px), 0, -1)
+            blended = weight * decoded + (1.0 - weight) * ras[0]
+            prior = from_ras_layout(blended, order_, flips)
+        outputs.append(np.asarray(prior, dtype=np.float64))
+    report(progress, 1.0, "brain prior: done")
+    return outputs, details
