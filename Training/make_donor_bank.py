@@ -7,8 +7,9 @@ Each donor is a real (or average) brain whose licence allows redistribution. For
 3. the brain is cropped to its bounding box + 4 mm, its intensities mapped to uint8
    ([0, 99.9th percentile of the brain] -> [0, 250]); voxels outside the mask are 0;
 4. tissue classes CSF / grey / white by three-class Otsu of the brain voxels
-   (:func:`AnonMRILib.evaluation.tissue_segmentation.classify_brain_tissues`), and per-class
-   mean/standard deviation into the card (the prior's soft memberships use them).
+   (:func:`AnonMRILib.evaluation.tissue_segmentation.classify_brain_tissues`), refined into a
+   Gaussian mixture (:func:`AnonMRILib.transforms.brain_prior.fit_tissue_mixture`) whose means,
+   deviations and weights go into the card (the prior's soft memberships and class maps use them).
 
 Written: ``<name>_T1w.nii.gz`` (uint8), ``<name>_brain_mask.nii.gz``, ``<name>_tissues.nii.gz``
 (uint8 0 background, 1 CSF, 2 grey, 3 white), ``<name>_vessels.nii.gz`` (uint8 tubularity of the
@@ -116,7 +117,12 @@ def build_donor(name: str, head_path: Path, mask_path, out: Path) -> dict:
         chosen = scaled[labels == label].astype(np.float64)
         stats[tissue] = {"mean": round(float(chosen.mean()), 3), "std": round(float(chosen.std()), 3),
                          "fraction": round(float(chosen.size / brain.sum()), 4)}
-    card = {"tissues": stats}
+    from AnonMRILib.transforms.brain_prior import fit_tissue_mixture
+
+    params = fit_tissue_mixture(scaled[brain].astype(np.float64), labels[brain].astype(np.int64) - 1)
+    mixture = {t: {"mean": round(float(m), 3), "std": round(float(sd), 3), "weight": round(float(w), 4)}
+               for t, (m, sd, w) in zip(("csf", "grey", "white"), params)}
+    card = {"tissues": stats, "mixture": mixture}
     vessels = Volume(np.where(labels == 1, vessel_score(scaled, brain, card), 0).astype(np.uint8), affine)
     files = {}
     for kind, volume in (("T1w", t1), ("brain_mask", brain_volume), ("tissues", tissues), ("vessels", vessels)):
@@ -125,7 +131,7 @@ def build_donor(name: str, head_path: Path, mask_path, out: Path) -> dict:
         files[kind] = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     source, licence = SOURCES.get(name, (str(head_path.name), "see ATTRIBUTION.md"))
     return {"name": name, "source": source, "licence": licence, "voxel_mm": 1.0, "shape": list(scaled.shape),
-            "brain_ml": round(float(brain.sum()) / 1000.0, 1), "tissues": stats, "files": files}
+            "brain_ml": round(float(brain.sum()) / 1000.0, 1), "tissues": stats, "mixture": mixture, "files": files}
 
 
 def main(argv=None) -> int:

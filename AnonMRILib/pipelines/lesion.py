@@ -188,7 +188,10 @@ class LesionAnonymizationConfig:
     (:mod:`.lesion_prior`, :mod:`AnonMRILib.transforms.brain_prior`, settings ``brain_prior``;
     ``contrast`` names the input's sequence or ``"auto"``); ``"none"`` is the paper's generator
     (latent diffusion from grade, mask and depth; the settings above from ``steps`` to
-    ``fill_brain_mask`` apply to it only).
+    ``fill_brain_mask`` apply to it only). ``edge_blend_px`` (donor prior, whole heads): in a band
+    of that many voxels (in-plane) outside the brain mask the output blends linearly from the
+    regenerated brain (next to the mask) to the face treatment's voxels, so a jagged brain mask on
+    thick slices leaves no step; brain voxels are never blended. 0 = a hard edge.
     """
 
     steps: int = 10
@@ -210,6 +213,7 @@ class LesionAnonymizationConfig:
     prior: str = "donor"
     contrast: str = "auto"
     brain_prior: BrainPriorConfig = BrainPriorConfig()
+    edge_blend_px: int = 2
 
     def __post_init__(self) -> None:
         if self.prior not in PRIORS:
@@ -859,6 +863,13 @@ def anonymize_lesion_contrasts(volumes: Sequence[Volume], lesion_mask: Volume, c
                                                 reference.with_array(brain_input.astype(np.uint8)), volume,
                                                 other_brain=volume.with_array(brain_input.astype(np.uint8))).array)
             result = np.array(outside, copy=True)
+            if config.edge_blend_px > 0:
+                slice_axis = axial_layout(volume.affine)[0][2]
+                weight = np.moveaxis(feather_weights(np.moveaxis(brain_input, slice_axis, 0), config.edge_blend_px),
+                                     0, slice_axis)
+                band = (weight > 0) & ~brain_input
+                result[band] = cast_to_dtype(weight[band] * generated[band] + (1.0 - weight[band]) * result[band],
+                                             volume.dtype)
         else:
             result = np.array(data, copy=True)
         result[brain_input] = cast_to_dtype(generated[brain_input], volume.dtype)

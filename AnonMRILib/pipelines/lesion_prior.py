@@ -66,10 +66,11 @@ def _enhancing_fraction_on_grid(prior: np.ndarray, region: np.ndarray, threshold
     return float((values > threshold).mean()) if values.size else 0.0
 
 
-def render_contrast(placement, statistics, image: Volume, region: np.ndarray, prior_config, seed: int,
-                    tail_threshold: Optional[float]) -> Tuple[np.ndarray, Dict[str, float]]:
-    """T_b of one contrast on ``image``'s grid (float32), with the enhancement calibration of the
-    module docstring (step 3) when ``statistics`` has an enhancing tail."""
+def render_contrast(placement, statistics, image: Volume, region: np.ndarray, interior: np.ndarray, prior_config,
+                    seed: int, tail_threshold: Optional[float]) -> Tuple[np.ndarray, Dict[str, float]]:
+    """T_b of one contrast on ``image``'s grid (float32) over ``region``, with the enhancement
+    calibration of the module docstring (step 3), measured over ``interior``, when ``statistics``
+    has an enhancing tail. The correction never more than doubles the donor fraction."""
     import dataclasses
 
     from ..transforms.brain_prior import render_brain_prior
@@ -78,13 +79,13 @@ def render_contrast(placement, statistics, image: Volume, region: np.ndarray, pr
     details: Dict[str, float] = {}
     if statistics.enhancing is None or tail_threshold is None:
         return prior, details
-    reached = _enhancing_fraction_on_grid(prior, region, tail_threshold)
+    reached = _enhancing_fraction_on_grid(prior, interior, tail_threshold)
     wanted = statistics.enhancing_fraction
     details.update({"enhancing_fraction_input": round(wanted, 4), "enhancing_fraction_first": round(reached, 4)})
     if reached > 0 and abs(reached / wanted - 1.0) > 0.2:
-        corrected = dataclasses.replace(statistics, enhancing_fraction=min(wanted * wanted / reached, 0.25))
+        corrected = dataclasses.replace(statistics, enhancing_fraction=wanted * min(wanted / reached, 2.0))
         prior = np.asarray(render_brain_prior(placement, corrected, image, region, prior_config, seed).array)
-        reached = _enhancing_fraction_on_grid(prior, region, tail_threshold)
+        reached = _enhancing_fraction_on_grid(prior, interior, tail_threshold)
     details["enhancing_fraction_output"] = round(reached, 4)
     return prior, details
 
@@ -150,8 +151,9 @@ def generate_on_brain_prior(volumes: Sequence[Volume], lesion: np.ndarray, brain
     prior_config = config.brain_prior
     reference = volumes[0]
     report(progress, 0.0, "brain prior: tissue classes")
-    labels, order, described = classify_patient_tissues(reference, brain, lesion, contrasts[0], prior_config)
-    details: Dict = {"prior": "donor", "tissue_order": [described]}
+    tissues = classify_patient_tissues(reference, brain, lesion, contrasts[0], prior_config)
+    labels, order = tissues.labels, tissues.order
+    details: Dict = {"prior": "donor", "tissue_order": [tissues.described]}
     placement = place_brain_prior(reference.with_array(brain.astype(np.uint8)),
                                   reference.with_array(lesion.astype(np.uint8)), seed=seed, config=prior_config,
                                   progress=sub_progress(progress, 0.05, 0.35))
@@ -174,11 +176,11 @@ def generate_on_brain_prior(volumes: Sequence[Volume], lesion: np.ndarray, brain
             image_order = CONTRAST_ORDERS[contrast]
             details["tissue_order"].append(contrast)
         bright = is_t1_like(image_order)
-        statistics = tissue_statistics(volume, labels, prior_config, bright_tail=bright)
+        statistics = tissue_statistics(volume, tissues, prior_config, bright_tail=bright)
         data = np.asarray(volume.array, dtype=np.float64)
         threshold = bright_tail_threshold(data[labels > 0], prior_config.enhancing_mad) if bright else None
-        prior, enhancement = render_contrast(placement, statistics, volume, brain, prior_config, seed + index,
-                                             threshold)
+        prior, enhancement = render_contrast(placement, statistics, volume, brain, tissues.interior & ~lesion,
+                                             prior_config, seed + index, threshold)
         report(part, 0.6, "brain prior: noise")
         prior, sigma = add_matching_noise(prior, data, brain & ~lesion, reference_region, slice_axis, seed + index)
         details.setdefault("contrasts", []).append({"noise_sigma_added": round(sigma, 3), **enhancement})

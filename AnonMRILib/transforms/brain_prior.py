@@ -46,8 +46,9 @@ reference image for every contrast, so one placement gives one anatomy in four c
 
 **Enhancement** (post-contrast T1): when the patient's non-lesion brain has an enhancing tail (more
 than ``enhancing_min_fraction`` of its voxels above the main histogram peak + ``enhancing_mad`` of its
-widths, :func:`bright_tail_threshold`), the same fraction of donor voxels is rendered with those intensities: CSF voxels within
-``enhancing_depth_mm`` of the donor's brain surface (where dura and cortical veins run) ranked by a
+widths, :func:`bright_tail_threshold`), the same fraction of donor voxels is rendered with those
+intensities: CSF voxels at a depth within ``enhancing_depth_mm`` (sulci and fissures, where cortical
+veins run; not the outermost 2 mm, which drew a bright rim along the brain mask) ranked by a
 tubularity (Sato) filter of the donor's CSF membership plus seeded smooth noise. The patient's
 fraction and intensities are global statistics; the positions are the donor's.
 
@@ -106,7 +107,7 @@ class BrainPriorConfig:
     quantile_levels: int = 101
     enhancing_min_fraction: float = 0.002
     enhancing_mad: float = 4.0
-    enhancing_depth_mm: float = 5.0
+    enhancing_depth_mm: Tuple[float, float] = (2.0, 20.0)
     slab_sample_mm: float = 1.0
     donors: Optional[Tuple[str, ...]] = None
     mirror: bool = True
@@ -132,11 +133,6 @@ class Donor:
     tissues: Volume
     vessels: Volume
     card: dict
-
-    def class_quantiles(self, levels: int) -> Dict[str, np.ndarray]:
-        values, labels = np.asarray(self.t1.array, np.float64), np.asarray(self.tissues.array)
-        q = np.linspace(0.0, 1.0, levels)
-        return {t: np.quantile(values[labels == TISSUE_LABELS[t]], q) for t in TISSUES}
 
 
 def load_donor_bank(config: BrainPriorConfig = BrainPriorConfig()) -> List[Donor]:
@@ -246,16 +242,66 @@ def bright_tail_threshold(values: np.ndarray, deviations: float) -> float:
     return float(centres[peak] + deviations * sigma)
 
 
+def fit_tissue_mixture(values: np.ndarray, classes: np.ndarray, iterations: int = 40) -> np.ndarray:
+    """(3, 3) [mean, std, weight] per class (rows in the order of the class indices 0, 1, 2) of a
+    1-D Gaussian mixture fitted by EM, started from the hard ``classes`` (e.g. Otsu's). A hard split
+    of overlapping tissues truncates each one's distribution (on a low-contrast post-contrast T1 the
+    Otsu classes' medians lie further apart than grey and white matter's); the mixture does not."""
+    values = np.asarray(values, dtype=np.float64)
+    params = np.zeros((3, 3))
+    for k in range(3):
+        chosen = values[classes == k]
+        params[k] = [chosen.mean() if chosen.size else values.mean(), max(chosen.std() if chosen.size > 1 else 0.0,
+                                                                          1e-3 * (np.ptp(values) + 1.0)),
+                     max(chosen.size / values.size, 1e-3)]
+    sample = values[:: max(1, values.size // 400000)]
+    for _ in range(iterations):
+        posteriors = mixture_posteriors(sample, params)
+        weights = posteriors.sum(axis=1)
+        means = posteriors @ sample / np.maximum(weights, 1e-12)
+        variances = (posteriors * (sample[None] - means[:, None]) ** 2).sum(axis=1) / np.maximum(weights, 1e-12)
+        params = np.stack([means, np.sqrt(np.maximum(variances, (1e-3 * (np.ptp(sample) + 1.0)) ** 2)),
+                           np.maximum(weights / sample.size, 1e-4)], axis=1)
+    return params
+
+
+def mixture_posteriors(values: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """(3, N) posterior class probabilities of ``values`` under a mixture of :func:`fit_tissue_mixture`
+    (far outside every component: the nearest one by mean)."""
+    values = np.asarray(values, dtype=np.float64)
+    z = (values[None] - params[:, 0:1]) / params[:, 1:2]
+    log_likelihood = np.log(params[:, 2:3]) - np.log(params[:, 1:2]) - 0.5 * z ** 2
+    log_likelihood -= log_likelihood.max(axis=0, keepdims=True)
+    likelihood = np.exp(log_likelihood)
+    return likelihood / likelihood.sum(axis=0, keepdims=True)
+
+
+@dataclass(frozen=True)
+class PatientTissues:
+    """Tissue classes of the reference contrast: ``labels`` on the input grid (0 outside/excluded,
+    1 CSF, 2 grey, 3 white, 4 enhancing tail), soft ``memberships`` (3, n) in :data:`TISSUES` order for
+    the voxels of ``classified`` (labels 1-3), the tissue ``order`` dark -> bright and how it was
+    decided; ``interior``: brain voxels deeper than ``enhancing_depth_mm[0]`` (where enhancement is
+    measured and drawn)."""
+
+    labels: np.ndarray
+    classified: np.ndarray
+    memberships: np.ndarray
+    order: Tuple[str, ...]
+    described: str
+    interior: np.ndarray
+
+
 def classify_patient_tissues(image: Volume, brain: np.ndarray, lesion: np.ndarray, contrast: str = "auto",
-                             config: Optional["BrainPriorConfig"] = None) -> Tuple[np.ndarray, Tuple[str, ...], str]:
-    """(labels on the input grid: 0 outside/excluded, 1 CSF, 2 grey, 3 white, 4 enhancing tail of a
-    T1-like contrast; tissue order darkest -> brightest; how it was decided). ``brain``, ``lesion``
-    bool arrays; the lesion and ``config.lesion_exclusion_mm`` around it are left out.
+                             config: Optional["BrainPriorConfig"] = None) -> PatientTissues:
+    """Tissue classes of ``image`` inside ``brain`` (bool), the lesion and ``config.lesion_exclusion_mm``
+    around it left out (:class:`PatientTissues`).
 
     The order is ``contrast``'s (:data:`CONTRAST_ORDERS`) or, for ``"auto"``, read from the
     histogram (:func:`guess_tissue_order`). For a T1-like order the tail above
-    :func:`bright_tail_threshold` (``enhancing_mad`` deviations) is labelled 4 and the three classes
-    are fitted without it."""
+    :func:`bright_tail_threshold` (``enhancing_mad`` deviations) is labelled 4 and left out of the
+    classes. Classes: three-class Otsu, refined into a Gaussian mixture (:func:`fit_tissue_mixture`);
+    labels are the most probable class."""
     from scipy import ndimage
 
     config = config or BrainPriorConfig()
@@ -277,62 +323,70 @@ def classify_patient_tissues(image: Volume, brain: np.ndarray, lesion: np.ndarra
     else:
         order = CONTRAST_ORDERS[contrast]
         described = contrast
+    kept = np.ones(values.shape, dtype=bool)
     tissue = np.zeros(values.shape, dtype=np.uint8)
     if is_t1_like(order):
         tail = values > bright_tail_threshold(values, config.enhancing_mad)
         if tail.mean() >= config.enhancing_min_fraction:
             tissue[tail] = ENHANCING_LABEL
             kept = ~tail
-        else:
-            kept = np.ones(values.shape, dtype=bool)
-        classes = _otsu_classes(values[kept])
-        tissue[kept] = np.array([TISSUE_LABELS[t] for t in order], dtype=np.uint8)[classes]
-    else:
-        tissue[:] = np.array([TISSUE_LABELS[t] for t in order], dtype=np.uint8)[_otsu_classes(values)]
+    params = fit_tissue_mixture(values[kept], _otsu_classes(values[kept]))
+    posteriors = mixture_posteriors(values[kept], params)  # classes dark -> bright
+    tissue[kept] = np.array([TISSUE_LABELS[t] for t in order], dtype=np.uint8)[np.argmax(posteriors, axis=0)]
+    by_name = np.stack([posteriors[order.index(t)] for t in TISSUES]).astype(np.float32)
     labels = np.zeros(image.shape, dtype=np.uint8)
     labels[usable] = tissue
-    return labels, tuple(order), described
+    classified = np.zeros(image.shape, dtype=bool)
+    classified[usable] = kept
+    interior = ndimage.distance_transform_edt(brain, sampling=spacing) >= config.enhancing_depth_mm[0]
+    return PatientTissues(labels, classified, by_name, tuple(order), described, interior & (labels > 0))
 
 
-def tissue_statistics(image: Volume, labels: np.ndarray, config: Optional["BrainPriorConfig"] = None,
+def tissue_statistics(image: Volume, tissues: PatientTissues, config: Optional["BrainPriorConfig"] = None,
                       bright_tail: bool = True) -> TissueStatistics:
-    """Per-class quantiles of ``image`` over ``labels`` (of :func:`classify_patient_tissues`, possibly
-    from a co-registered reference image) and, with ``bright_tail`` (a T1-like contrast), the
-    enhancing tail above :func:`bright_tail_threshold`."""
+    """Per-class intensity quantiles of ``image`` (the reference contrast or a co-registered one):
+    each class's membership-weighted mean and deviation over the classified voxels, as Gaussian
+    quantiles at levels 0.5 % ... 99.5 %; with ``bright_tail`` (a T1-like contrast) the enhancing
+    tail above :func:`bright_tail_threshold`, as a fraction of the interior (``tissues.interior``)."""
+    from scipy.special import ndtri
+
     config = config or BrainPriorConfig()
     data = np.asarray(image.array, dtype=np.float64)
-    q = np.linspace(0.0, 1.0, config.quantile_levels)
+    values = data[tissues.classified]
+    normal = ndtri(np.linspace(0.005, 0.995, config.quantile_levels))
     quantiles = {}
-    for tissue in TISSUES:
-        chosen = data[labels == TISSUE_LABELS[tissue]]
-        if chosen.size < 10:
+    for index, tissue in enumerate(TISSUES):
+        weight = tissues.memberships[index].astype(np.float64)
+        total = float(weight.sum())
+        if total < 10:
             raise InputError(f"too few {tissue} voxels in the brain to measure its intensity")
-        quantiles[tissue] = np.quantile(chosen, q)
+        mean = float(weight @ values / total)
+        std = float(np.sqrt(weight @ (values - mean) ** 2 / total))
+        quantiles[tissue] = mean + std * normal
     if not bright_tail:
         return TissueStatistics(quantiles)
-    brain_values = data[labels > 0]
-    tail = brain_values[brain_values > bright_tail_threshold(brain_values, config.enhancing_mad)]
+    brain_values = data[tissues.interior]
+    tail = brain_values[brain_values > bright_tail_threshold(data[tissues.labels > 0], config.enhancing_mad)]
     fraction = tail.size / max(brain_values.size, 1)
     if fraction < config.enhancing_min_fraction or tail.size < 20:
         return TissueStatistics(quantiles)
-    return TissueStatistics(quantiles, np.quantile(tail, q), float(fraction))
+    return TissueStatistics(quantiles, np.quantile(tail, np.linspace(0.0, 1.0, config.quantile_levels)),
+                            float(fraction))
 
 
 # ------------------------------------------------------------------------------------------- rendering
+def donor_mixture(card: dict) -> np.ndarray:
+    """(3, 3) [mean, std, weight] of the donor's CSF, grey, white (card ``mixture``; the hard classes'
+    moments for a card without one)."""
+    source = card.get("mixture", card["tissues"])
+    return np.array([[source[t]["mean"], max(float(source[t]["std"]), 1.0),
+                      source[t].get("weight", source[t].get("fraction", 1.0 / 3))] for t in TISSUES], dtype=np.float64)
+
+
 def _memberships(values: np.ndarray, card: dict) -> np.ndarray:
-    """(3, ...) soft class memberships (CSF, grey, white) of donor T1 values: Gaussian likelihoods
-    of the card's class means/deviations weighted by the class fractions, normalised."""
-    likelihoods = []
-    for tissue in TISSUES:
-        stats = card["tissues"][tissue]
-        sigma = max(float(stats["std"]), 1.0)
-        likelihoods.append(float(stats["fraction"]) / sigma * np.exp(-0.5 * ((values - stats["mean"]) / sigma) ** 2))
-    stacked = np.stack(likelihoods)
-    total = stacked.sum(axis=0)
-    # far below CSF or above white matter every likelihood underflows: take the nearest class
-    fallback = np.stack([values < card["tissues"]["grey"]["mean"], np.zeros_like(values, dtype=bool),
-                         values >= card["tissues"]["grey"]["mean"]]).astype(np.float64)
-    return np.where(total > 1e-12, stacked / np.maximum(total, 1e-300), fallback)
+    """(3, ...) soft class memberships (CSF, grey, white) of donor T1 values under its mixture."""
+    values = np.asarray(values, dtype=np.float64)
+    return mixture_posteriors(values.ravel(), donor_mixture(card)).reshape((3,) + values.shape)
 
 
 def _quantile_map(values: np.ndarray, source_quantiles: np.ndarray, target_quantiles: np.ndarray) -> np.ndarray:
@@ -354,7 +408,7 @@ def vessel_score(t1: np.ndarray, brain: np.ndarray, card: dict) -> np.ndarray:
 
 def enhancing_sites(donor: Donor, fraction: float, config: BrainPriorConfig, seed: int) -> np.ndarray:
     """Donor voxels rendered as enhancing (float rank in (0, 1], 0 = not enhancing): ``fraction`` of
-    the donor's brain, taken among its CSF voxels within ``enhancing_depth_mm`` of its surface by
+    the donor's brain, taken among its CSF voxels at a depth within ``enhancing_depth_mm`` (mm) by
     vessel score plus seeded smooth noise (module docstring, enhancement)."""
     from scipy import ndimage
 
@@ -365,8 +419,9 @@ def enhancing_sites(donor: Donor, fraction: float, config: BrainPriorConfig, see
     rng = np.random.default_rng([int(seed), 8807])
     noise = ndimage.gaussian_filter(rng.standard_normal(values.shape).astype(np.float32), 3.0)
     score = tube + 0.5 * float(tube[brain].std()) * noise / (float(noise.std()) + 1e-9)
-    candidates = brain & (depth <= config.enhancing_depth_mm) & (np.asarray(donor.tissues.array) == 1)
-    count = int(round(fraction * brain.sum()))
+    shallowest, deepest = config.enhancing_depth_mm
+    candidates = brain & (depth >= shallowest) & (depth <= deepest) & (np.asarray(donor.tissues.array) == 1)
+    count = int(round(fraction * (brain & (depth >= shallowest)).sum()))
     ranks = np.zeros(values.shape, np.float32)
     if count == 0 or not candidates.any():
         return ranks
@@ -380,14 +435,18 @@ def render_donor(donor: Donor, statistics: TissueStatistics, config: BrainPriorC
                  seed: int = 0) -> Volume:
     """The donor's brain in the patient's contrast (float32, patient units, donor grid); outside the
     donor's brain mask the patient's CSF level (module docstring, rendering)."""
+    from scipy.special import ndtri
+
     values = np.asarray(donor.t1.array, np.float64)
     brain = np.asarray(donor.brain.array) != 0
     memberships = _memberships(values[brain], donor.card)
-    donor_quantiles = donor.class_quantiles(config.quantile_levels)
+    mixture = donor_mixture(donor.card)
+    levels = np.linspace(0.005, 0.995, config.quantile_levels)
     rendered = np.zeros(brain.sum(), np.float64)
     for k, tissue in enumerate(TISSUES):
-        rendered += memberships[k] * _quantile_map(values[brain], donor_quantiles[tissue],
-                                                   statistics.quantiles[tissue])
+        # the donor's class k as a Gaussian -> the patient's class quantiles (linear within the class)
+        donor_quantiles = mixture[k, 0] + mixture[k, 1] * ndtri(levels)
+        rendered += memberships[k] * _quantile_map(values[brain], donor_quantiles, statistics.quantiles[tissue])
     out = np.full(values.shape, statistics.csf_level(), np.float32)
     out[brain] = rendered
     if statistics.enhancing is not None:
