@@ -10,9 +10,18 @@ A whole-head input (skull and face; detected, or ``--input-kind head``) gets a b
 (``--brain-mask`` or ``--brain-backend``), the brain is regenerated inside it and everything outside
 it is treated by ``--face-method`` (default ``remodel``: CP-GAN); ``none`` keeps the face and warns.
 A skull-stripped input stays brain-only.
+
+By default (``--prior donor``) the regenerated brain is a donor brain placed from the brain and
+lesion masks and rendered in the input's contrast (``--contrast``, else guessed from the file name,
+else from the histogram); ``--prior none`` is the paper's generator alone. Other co-registered
+contrasts of the same patient on the same grid (BraTS: T1, T1c, T2, FLAIR) are anonymized with it
+consistently -- one placed anatomy in every contrast -- with ``--apply-to IMAGE OUT`` (repeatable;
+``--apply-to-contrast NAME`` once per ``--apply-to``, else guessed from the file name).
 """
 import argparse
+import re
 from pathlib import Path
+from typing import Optional
 
 from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_device_argument, add_input_argument,
                      add_plausibility_argument, add_quiet_argument, add_series_uid_argument, load_input,
@@ -61,7 +70,22 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--brain-backend", choices=BACKENDS, default="auto",
                         help="brain-mask backend for a whole-head input without --brain-mask (default auto = hdbet)")
     parser.add_argument("--no-match-appearance", action="store_true",
-                        help="keep the model's intensities and smoothness (no histogram/sharpness matching)")
+                        help="paper generator: keep the model's intensities and smoothness (no histogram/sharpness "
+                             "matching)")
+    from ..pipelines.lesion import PRIORS
+    from ..transforms.brain_prior import CONTRASTS
+
+    parser.add_argument("--prior", choices=PRIORS, default="donor",
+                        help="donor (default): regenerate the brain on a donor brain placed from the brain and lesion "
+                             "masks, in the input's contrast; none: the paper's latent-diffusion generator alone")
+    parser.add_argument("--contrast", choices=CONTRASTS, default=None,
+                        help="the input's sequence (default: from the file name, else auto = from the histogram; "
+                             "FLAIR must be named)")
+    parser.add_argument("--apply-to", nargs=2, action="append", default=[], metavar=("IMAGE", "OUT"),
+                        help="another contrast of the same patient on the same grid (co-registered: BraTS T1/T1c/T2/"
+                             "FLAIR), anonymized with the same placed anatomy; repeatable (donor prior only)")
+    parser.add_argument("--apply-to-contrast", action="append", default=[], choices=CONTRASTS, metavar="NAME",
+                        help="the sequence of each --apply-to image, in order (default: from its file name)")
     add_series_uid_argument(parser)
     add_device_argument(parser)
     add_plausibility_argument(parser)
@@ -70,11 +94,25 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+#: file-name tokens (BIDS suffixes/entities, BraTS names) -> contrast, most specific first
+_NAME_TOKENS = (("T1c", r"(t1ce|t1c|t1gd|ce-[a-z0-9]+.*_t1w|t1_?post)"), ("FLAIR", r"flair"), ("T2w", r"t2(w)?(?![a-z*])"),
+                ("PDw", r"pd(w)?(?![a-z])"), ("T1w", r"t1(w)?(?![a-z0-9])"))
+
+
+def contrast_from_file_name(path: Path) -> Optional[str]:
+    """The contrast a file name states (``sub-01_ce-gd_T1w``, ``BraTS20_001_t1ce``, ``..._FLAIR``), or None."""
+    name = Path(path).name.lower()
+    for contrast, pattern in _NAME_TOKENS:
+        if re.search(r"(^|[_\-.])" + pattern, name):
+            return contrast
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.errors import InputError
     from AnonMRILib.io import check_output_path, load_volume
     from AnonMRILib.io.writers import OutputTransaction
-    from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, SourceRepulsionConfig, anonymize_lesions
+    from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, SourceRepulsionConfig, anonymize_lesion_contrasts
     from AnonMRILib.progress import TqdmProgress
 
     inputs = [args.input, args.lesion_mask, args.weights, args.brain_mask]
@@ -95,18 +133,41 @@ def run(args: argparse.Namespace) -> int:
 
         check_lesion_mask(volume, lesion_mask, allow_empty=args.allow_empty_lesion)
     brain_mask = load_user_brain_mask(args, volume)
+    from AnonMRILib.cli.common import load_other_contrasts
+
+    others = load_other_contrasts(args, inputs)
+    if others and args.prior != "donor":
+        raise InputError("--apply-to needs the donor prior (--prior donor): the paper's generator makes one T1-like image")
+    if args.apply_to_contrast and len(args.apply_to_contrast) != len(others):
+        raise InputError(f"{len(others)} --apply-to images but {len(args.apply_to_contrast)} --apply-to-contrast names")
+    names = list(args.apply_to_contrast) or [contrast_from_file_name(image) or "auto" for _, image, _ in others]
+    contrasts = [args.contrast or contrast_from_file_name(args.input) or "auto"] + names
     config = LesionAnonymizationConfig(steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",
                                        repulsion=repulsion, exact_lesion=args.exact_lesion, grade=args.grade,
                                        allow_empty_lesion=args.allow_empty_lesion, input_kind=args.input_kind,
                                        face_method=args.face_method, brain_backend=args.brain_backend,
-                                       match_appearance=not args.no_match_appearance)
+                                       match_appearance=not args.no_match_appearance, prior=args.prior,
+                                       contrast=contrasts[0])
+    images = [volume] + [other for other, _, _ in others]
     with TqdmProgress("lesion", disable=args.quiet) as progress:
-        output = anonymize_lesions(volume, lesion_mask, config, weights=args.weights, device=args.device,
-                                   seed=args.seed, progress=progress, brain_mask=brain_mask)
+        results, details = anonymize_lesion_contrasts(images, lesion_mask, contrasts, config, weights=args.weights,
+                                                      device=args.device, seed=args.seed, progress=progress,
+                                                      brain_mask=brain_mask)
+    protect = [p for p in inputs if p is not None] + [image for _, image, _ in others]
     with OutputTransaction() as outputs:
-        outputs.add_volume(output, args.output, like=volume, protect=[p for p in inputs if p is not None])
+        outputs.add_volume(results[0], args.output, like=volume, protect=protect)
         stage_bids_sidecar(outputs, args, args.output, "lesion")
+        for result, (other, image, out) in zip(results[1:], others):
+            outputs.add_volume(result, out, like=other, protect=protect)
+            if args.bids_sidecar:
+                from AnonMRILib.io.sidecar import sidecar_path, write_deidentified_sidecar
+
+                outputs.add_file(sidecar_path(out), lambda path, image=image: write_deidentified_sidecar(
+                    path, "lesion", source_image=image), protect=protect)
     if not args.quiet:
         kept = "lesion voxels verified identical to the input" if args.exact_lesion else "lesion latent verified unchanged"
-        print(f"wrote {args.output} ({kept})")
+        written = ", ".join(str(p) for p in [args.output] + [out for _, _, out in others])
+        if details.get("prior") == "donor":
+            print(f"tissue order: {'; '.join(details.get('tissue_order', []))}")
+        print(f"wrote {written} ({kept})")
     return 0

