@@ -21,7 +21,8 @@ For one or several co-registered contrasts of one patient (BraTS: T1, T1c, T2, F
    background ``T_b (1 - M)``, and D3 decodes ``[z_l, z_s]``; the decoded slice gives the lesion
    region and a ``feather_px`` band outside it, where it blends into T_b, so the lesion joins the new
    anatomy through the joint decoder. With ``exact_lesion`` the lesion voxels are the input's and no
-   network runs (nothing outside the lesion comes from the input, so there is no band to feather).
+   network runs; in the band T_b blends towards the lesion's own edge values carried outward
+   (:func:`feather_from_lesion`), so the kept lesion meets the new anatomy without a step.
 
 Why not the paper's generator here: its latent diffusion model draws z_s from (grade, M, depth) only,
 so the brain it decodes is its own 64-pixel blob (3.75 mm pixels, blurred, T1 contrast whatever the
@@ -32,7 +33,7 @@ next step; ``prior="none"`` keeps the paper's path unchanged.
 
 Invariant (tested): outside the lesion and its feather band the output depends on the input only
 through the brain mask, the lesion mask, the per-class intensity quantiles, the noise level and the
-seed; inside the band also through the lesion's latent.
+seed; inside the band also through the lesion (its latent, or with ``exact_lesion`` its voxels).
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -88,6 +89,28 @@ def render_contrast(placement, statistics, image: Volume, region: np.ndarray, in
         reached = _enhancing_fraction_on_grid(prior, interior, tail_threshold)
     details["enhancing_fraction_output"] = round(reached, 4)
     return prior, details
+
+
+def feather_from_lesion(prior: np.ndarray, image: np.ndarray, lesion: np.ndarray, brain: np.ndarray,
+                        slice_axis: int, width_px: int, sigma_px: float = 1.5) -> np.ndarray:
+    """Exact lesion: ``prior`` blended, in a band of ``width_px`` voxels (in-plane) outside the lesion,
+    towards the lesion's own boundary values carried outward (in-plane normalised Gaussian
+    convolution of the lesion voxels only), linearly from the lesion's edge to T_b. The kept lesion
+    then meets the new anatomy without a step, and nothing outside the lesion comes from the input."""
+    from scipy import ndimage
+
+    from .lesion import feather_weights
+
+    stack = lambda a: np.moveaxis(np.asarray(a), slice_axis, 0)  # noqa: E731
+    lesion_s, image_s = stack(lesion), stack(image).astype(np.float64)
+    weight = feather_weights(lesion_s, width_px)
+    blur = (0.0, sigma_px, sigma_px)
+    carried = ndimage.gaussian_filter(np.where(lesion_s, image_s, 0.0), blur) / np.maximum(
+        ndimage.gaussian_filter(lesion_s.astype(np.float64), blur), 1e-6)
+    band = (weight > 0) & ~lesion_s & stack(brain)
+    out = np.array(stack(prior), dtype=np.float64, copy=True)
+    out[band] = weight[band] * carried[band] + (1.0 - weight[band]) * out[band]
+    return np.moveaxis(out, 0, slice_axis)
 
 
 def decode_lesion_slices(models, priors: np.ndarray, image: np.ndarray, lesion: np.ndarray, region: np.ndarray,
@@ -198,6 +221,8 @@ def generate_on_brain_prior(volumes: Sequence[Volume], lesion: np.ndarray, brain
             weight = np.moveaxis(feather_weights(np.moveaxis(ras[2], -1, 0), config.feather_px), 0, -1)
             blended = weight * decoded + (1.0 - weight) * ras[0]
             prior = from_ras_layout(blended, order_, flips)
+        elif config.feather_px > 0 and lesion.any():
+            prior = feather_from_lesion(prior, data, lesion, brain, slice_axis, config.feather_px)
         outputs.append(np.asarray(prior, dtype=np.float64))
     report(progress, 1.0, "brain prior: done")
     return outputs, details
