@@ -64,6 +64,13 @@ class Volume:
             raise InputError(f"array shape {array.shape} does not match the grid {self.shape}")
         return Volume(array, self.affine.copy())
 
+    def cropped(self, region: Tuple[slice, ...]) -> "Volume":
+        """The voxels of ``region`` (three slices with starts) with the affine that keeps them in place."""
+        start = np.array([r.start or 0 for r in region], dtype=np.float64)
+        affine = self.affine.copy()
+        affine[:3, 3] = self.affine[:3, :3] @ start + self.affine[:3, 3]
+        return Volume(np.asarray(self.array)[tuple(region)], affine)
+
     def same_grid(self, other: "Volume", atol_mm: float = 1e-3) -> bool:
         """True when ``other`` has the same shape and an affine equal within ``atol_mm``."""
         return self.shape == other.shape and bool(np.allclose(self.affine, other.affine, atol=atol_mm))

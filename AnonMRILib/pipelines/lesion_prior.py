@@ -157,20 +157,46 @@ def decode_lesion_slices(models, priors: np.ndarray, image: np.ndarray, lesion: 
     return out
 
 
+#: voxels around the brain's bounding box that the generation works on (the edge and feather bands)
+BOX_MARGIN_VOXELS = 6
+
+
 def generate_on_brain_prior(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.ndarray,
                             contrasts: Sequence[str], config, models=None, seed: int = 0,
                             progress: Optional[ProgressCallback] = None) -> Tuple[List[np.ndarray], Dict]:
     """Regenerated brains (float64 arrays on the input grid, one per contrast; only ``brain`` voxels
-    are meant to be used) and details. ``lesion``, ``brain`` bool arrays of the shared grid
-    (``brain`` includes the lesion); ``config`` a :class:`~AnonMRILib.pipelines.lesion.LesionAnonymizationConfig`;
-    ``models`` the lesion networks (needed unless ``config.exact_lesion``)."""
+    and a few around them are meant to be used) and details. ``lesion``, ``brain`` bool arrays of the
+    shared grid (``brain`` includes the lesion); ``config`` a
+    :class:`~AnonMRILib.pipelines.lesion.LesionAnonymizationConfig`; ``models`` the lesion networks
+    (needed unless ``config.exact_lesion``). Works on the brain's bounding box plus
+    :data:`BOX_MARGIN_VOXELS` (0 outside it)."""
+    if not brain.any():
+        raise InputError("the brain region is empty")
+    if len(contrasts) != len(volumes):
+        raise InputError("give one contrast name per image")
+    corners = np.argwhere(brain)
+    margin = BOX_MARGIN_VOXELS + max(int(config.edge_blend_px), int(config.feather_px))
+    low = np.maximum(corners.min(axis=0) - margin, 0)
+    high = np.minimum(corners.max(axis=0) + margin + 1, brain.shape)
+    box = tuple(slice(int(a), int(b)) for a, b in zip(low, high))
+    boxed, details = _generate_in_box([v.cropped(box) for v in volumes], lesion[box], brain[box], contrasts, config,
+                                      models, seed, progress)
+    outputs = []
+    for volume, generated in zip(volumes, boxed):
+        full = np.zeros(volume.shape, dtype=np.float64)
+        full[box] = generated
+        outputs.append(full)
+    return outputs, details
+
+
+def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.ndarray, contrasts: Sequence[str],
+                     config, models, seed: int, progress: Optional[ProgressCallback]) -> Tuple[List[np.ndarray], Dict]:
+    """:func:`generate_on_brain_prior` on volumes cropped to the brain's box."""
     from ..datasets.slices import intensity_window
     from ..transforms.brain_prior import (classify_patient_tissues, guess_tissue_order, is_t1_like,
                                           place_brain_prior, tissue_statistics, bright_tail_threshold)
     from .lesion import axial_layout, feather_weights, from_ras_layout, to_ras_layout
 
-    if len(contrasts) != len(volumes):
-        raise InputError("give one contrast name per image")
     prior_config = config.brain_prior
     reference = volumes[0]
     report(progress, 0.0, "brain prior: tissue classes")

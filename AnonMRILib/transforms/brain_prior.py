@@ -95,7 +95,7 @@ class BrainPriorConfig:
     registration_spacing_mm: float = 2.0
     distance_clip_mm: float = 10.0
     demons_spacings_mm: Tuple[float, ...] = (6.0, 4.0, 2.0)
-    demons_iterations: Tuple[int, ...] = (60, 40, 30)
+    demons_iterations: Tuple[int, ...] = (40, 30, 10)
     demons_smoothing_mm: Tuple[float, ...] = (4.0, 3.0, 2.0)
     variation_mm: float = 3.0
     variation_smoothness_mm: float = 20.0
