@@ -331,10 +331,10 @@ def residual(result: Dict[str, Any]) -> Optional[str]:
             f"design): it ranks the original {siamese['rank'] + 1} of {siamese['n_candidates']} heads "
             f"(distance {siamese['distance_to_original']:.2f}, nearest other {siamese['nearest_reference_distance']:.2f})")
     if control:
-        text += (f"; for a template face placed on the same scan's hull it ranks it {control['rank'] + 1} of "
-                 f"{control['n_candidates']} (distance {control['distance_to_original']:.2f})")
+        text += (f"; for a template face placed on the same scan's hull (REFACE) it ranks it {control['rank'] + 1} "
+                 f"of {control['n_candidates']} (distance {control['distance_to_original']:.2f})")
         if siamese.get("identified") and control.get("identified"):
-            text += ": it matches the hull, not the face"
+            text += ", so it cannot tell this head from the same scan's hull"
     return text
 
 

@@ -361,11 +361,11 @@ def test_the_siamese_attacker_is_reported_as_the_outline_residual_with_its_hull_
     line = residual(_evidence(MISSED, siamese_rank=0, control_rank=0))
     assert line.startswith("outline residual (the Siamese attacker reads the head's outline, which the convex hull "
                            "keeps by design): it ranks the original 1 of 21 heads (distance 5.00, nearest other 9.00)")
-    assert line.endswith("for a template face placed on the same scan's hull it ranks it 1 of 21 (distance 8.00): it "
-                         "matches the hull, not the face")
+    assert line.endswith("for a template face placed on the same scan's hull (REFACE) it ranks it 1 of 21 (distance "
+                         "8.00), so it cannot tell this head from the same scan's hull")
     # more than the hull: still the residual line, and an explanation, never the verdict
     beyond = _evidence(MISSED, siamese_rank=0, control_rank=6)
-    assert "it matches the hull" not in residual(beyond) and "ranks it 7 of 21" in residual(beyond)
+    assert "cannot tell" not in residual(beyond) and "ranks it 7 of 21" in residual(beyond)
     text, why = verdict(beyond)
     assert text.startswith("not recognisable") and any("more than it matches a template face" in w for w in why)
     assert residual({"face_region": {}}) is None
@@ -457,7 +457,7 @@ def test_score_command_verdicts_with_the_shipped_attackers(sample, tmp_path):
     assert recognizer["remodeled"]["distance_to_original"] > 0.45 and recognizer["remodeled"]["detector_score_anonymized"] > 1.2
     remodeled_scores = scores["remodeled"]
     assert remodeled_scores["attacker"]["rank"] == 0 and remodeled_scores["hull_control"]["rank"] == 0
-    assert remodeled_scores["residual"].endswith("it matches the hull, not the face")
+    assert remodeled_scores["residual"].endswith("so it cannot tell this head from the same scan's hull")
     assert verdicts["paper"].startswith("not recognisable"), verdicts
 
 

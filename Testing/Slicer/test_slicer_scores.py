@@ -133,7 +133,7 @@ def test_a_siamese_match_is_the_residual_row_not_the_verdict(scene, head_nodes, 
     verdict_lines = [(row, text) for row, text in rows if text.startswith(VERDICT_STARTS)]
     assert verdict_lines == [("Verdict", verdict)]  # one verdict, no second line saying "re-identifiable"
     assert rows[1][0] == "Residual" and rows[1][1].startswith("outline residual")
-    assert rows[1][1].endswith("it matches the hull, not the face")
+    assert rows[1][1].endswith("so it cannot tell this head from the same scan's hull")
     assert not [row for row, _ in rows if row.startswith("Explanation ")]  # PSNR and recognizer agree
     summary = logic.scoresSummary(flat)
     assert summary == "Verdict: " + verdict and "re-identifiable" not in summary
