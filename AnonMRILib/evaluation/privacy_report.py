@@ -318,5 +318,6 @@ def method_figures_line(figures: Dict[str, Any]) -> str:
             "test, 5 % level)")
     if figures.get("siamese_5way_all") is not None:
         text += (f"; outline residual: Siamese 5-way {figures['siamese_5way_all']:.3f} over all subjects, "
-                 f"{figures['siamese_5way_within_head']:.3f} within a base head (chance {figures['siamese_chance']:.3f})")
+                 f"{figures['siamese_5way_within_head']:.3f} within a base head "
+                 f"(chance {figures['siamese_chance']:.3f})")
     return text

@@ -329,7 +329,8 @@ def residual(result: Dict[str, Any]) -> Optional[str]:
     control = result.get("hull_control")
     text = (f"outline residual (the Siamese attacker reads the head's outline, which the convex hull keeps by "
             f"design): it ranks the original {siamese['rank'] + 1} of {siamese['n_candidates']} heads "
-            f"(distance {siamese['distance_to_original']:.2f}, nearest other {siamese['nearest_reference_distance']:.2f})")
+            f"(distance {siamese['distance_to_original']:.2f}, "
+            f"nearest other {siamese['nearest_reference_distance']:.2f})")
     if control:
         text += (f"; for a template face placed on the same scan's hull (REFACE) it ranks it {control['rank'] + 1} "
                  f"of {control['n_candidates']} (distance {control['distance_to_original']:.2f})")
