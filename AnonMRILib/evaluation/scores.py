@@ -395,6 +395,8 @@ def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volum
     if references is None:
         if reference_renderings is not False:
             result["notes"].append("no reference set of other heads' renderings: anonymity and attacker scores skipped")
+        result["open_recognizer"] = {"skipped": "no face renderings scored" if reference_renderings is False
+                                     else "no reference set of other heads"}
         report(progress, 1.0, "scores done")
         return _lead_with_verdict(result)
     from .face_renderings import FaceRenderingConfig, head_centre, render_canonical_face
