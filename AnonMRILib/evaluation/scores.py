@@ -303,6 +303,14 @@ def verdict(result: Dict[str, Any]) -> Tuple[str, List[str]]:
             explanations.append("the PSNR criterion does not count it anonymized (the rendering is still more similar "
                                 "to the original's pixels than to another head's), but the recognizer does not find "
                                 "the original among the reference heads; the recognizer decides")
+    threshold = (recognizer or {}).get("same_person_threshold") or 0.0
+    distance = (recognizer or {}).get("distance_to_original")
+    if assessed and distance is not None and threshold > 0 and (distance <= threshold) != identified:
+        where = "within" if distance <= threshold else "beyond"
+        explanations.append(f"the anonymized face is {where} the same-person distance calibrated on renderings "
+                            f"({threshold:.2f}) of the original's ({distance:.2f}), yet "
+                            + ("reference heads are nearer" if not identified else "nearer than every reference head")
+                            + "; the rank decides, as in the privacy evaluation (dlib's 0.6 is for photographs)")
     siamese, control = result.get("attacker"), result.get("hull_control")
     if assessed and siamese and siamese.get("identified") and control and not control.get("identified"):
         explanations.append("the Siamese attacker matches this scan to its original more than it matches a template "

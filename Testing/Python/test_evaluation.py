@@ -314,6 +314,10 @@ def test_the_open_recognizer_alone_decides_the_verdict():
     assert text == ("not recognisable: the open face recognizer (dlib) puts 7 of 20 reference heads nearer to the "
                     "anonymized face than the original (0.56)")
     assert len(why) == 1 and "PSNR criterion does not count it anonymized" in why[0]
+    # the calibrated same-person distance is evidence: a disagreement with the rank is explained, the rank decides
+    text, why = verdict(_evidence(dict(MISSED, same_person_threshold=0.6), siamese_rank=0, anonymized=False))
+    assert text.startswith("not recognisable") and len(why) == 2 and "within the same-person distance" in why[1]
+    assert verdict(_evidence(dict(MISSED, same_person_threshold=0.42), anonymized=False))[1][1:] == []
     text, _ = verdict(_evidence(dict(MISSED, face_found_in_anonymized=False), siamese_rank=0))
     assert text == "not recognisable: the open face recognizer (dlib) finds no face in the anonymized scan"
     text, _ = verdict(_evidence(dict(MISSED, face_found_in_original=False), siamese_rank=0))
