@@ -554,6 +554,9 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     def onComputeScoresButton(self) -> None:
         p = self._parameterNode
         with slicer.util.tryWithErrorDisplay(_("The scores could not be computed."), waitCursor=True):
+            # offers to install the open face recognizer that decides the verdict; declined, the
+            # scores still run and the verdict says "not assessed" and how to install it
+            self.logic.ensureDependencies(operation="scores")
             self._startScores(p.inputVolume, p.outputVolume, p.brainMask)
 
     def _startScores(self, inputNode, outputNode, brainMaskNode) -> None:

@@ -9,7 +9,8 @@ module: ``numpy`` and ``SimpleITK`` are only checked, never pip-installed over S
 installed through SlicerPyTorch's ``PyTorchUtils`` when that extension is present (the CUDA build
 matches the driver).
 
-Removal methods given a brain mask need neither torch nor MONAI (:func:`requirements_for`).
+Removal methods given a brain mask need neither torch nor MONAI (:func:`requirements_for`). The
+scores' verdict is decided by the open face recognizer (dlib), so "scores" also asks for it.
 """
 import importlib.metadata
 import re
@@ -84,12 +85,20 @@ LEARNED_REQUIREMENTS = (
     Requirement(TORCH, "2.0"),
 )
 REQUIREMENTS = BASE_REQUIREMENTS + LEARNED_REQUIREMENTS
+#: the open face recognizer that decides the scores' verdict (pyproject.toml's ``faces`` extra)
+FACE_RECOGNIZER_REQUIREMENTS = (
+    Requirement("dlib-bin", "19.24"),
+    Requirement("face-recognition-models", "0.3"),
+)
 
 
 def requirements_for(operation: Optional[str] = None, with_brain_mask: bool = False) -> Tuple[Requirement, ...]:
-    """The requirements of one operation: removal methods given a brain mask need no torch/MONAI."""
+    """The requirements of one operation: removal methods given a brain mask need no torch/MONAI;
+    the scores need the open face recognizer too."""
     if operation == "deface" and with_brain_mask:
         return BASE_REQUIREMENTS
+    if operation == "scores":
+        return REQUIREMENTS + FACE_RECOGNIZER_REQUIREMENTS
     return REQUIREMENTS
 
 

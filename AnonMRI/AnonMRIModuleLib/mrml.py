@@ -305,7 +305,10 @@ def mask_from_node(mask_node, reference_node, names: Optional[Sequence[str]] = N
 # --- score tables -------------------------------------------------------------------------------
 #: name of the first row of a scores table: ``scan_scores``' ``verdict``, word for word
 VERDICT_ROW = "Verdict"
-#: name stem of the rows after it: ``scan_scores``' ``explanations`` (why contradicting evidence was
+#: name of the row after it: ``scan_scores``' ``residual`` (what the outline-reading Siamese attacker
+#: finds, which a convex hull keeps by design; it does not decide the verdict), word for word
+RESIDUAL_ROW = "Residual"
+#: name stem of the rows after those: ``scan_scores``' ``explanations`` (why contradicting evidence was
 #: resolved the way the verdict says), "Explanation 1", "Explanation 2", ...
 EXPLANATION_ROW = "Explanation"
 
@@ -345,20 +348,22 @@ def _is_explanation(name: str) -> bool:
 
 
 def scores_table_rows(scores: Mapping) -> List[Tuple[str, Union[float, str]]]:
-    """The rows of a scores table: ``("Verdict", the verdict)`` first, then ``("Explanation 1", ...)``
-    for each explanation, then the evidence (flattened names, as :func:`flatten_scores`).
+    """The rows of a scores table: ``("Verdict", the verdict)`` first, then ``("Residual", the outline
+    residual)``, ``("Explanation 1", ...)`` for each explanation, then the evidence (flattened names,
+    as :func:`flatten_scores`).
 
     ``scores`` is :func:`AnonMRILib.evaluation.scores.scan_scores`' dict, nested or flattened (what
-    the worker sends back), or what :func:`scores_from_table_node` read from a table. The verdict
-    and the explanations are kept word for word; scores without a verdict have no verdict row.
+    the worker sends back), or what :func:`scores_from_table_node` read from a table. The verdict,
+    the residual and the explanations are kept word for word; scores without them have no such row.
     """
     rows = flatten_scores(scores)
-    verdict = [(VERDICT_ROW, str(value)) for name, value in rows if name in ("verdict", VERDICT_ROW)][:1]
+    lead = [(label, str(value)) for key, label in (("verdict", VERDICT_ROW), ("residual", RESIDUAL_ROW))
+            for value in [value for name, value in rows if name in (key, label)][:1]]
     explanations = [(f"{EXPLANATION_ROW} {number}", str(value)) for number, (_, value)
                     in enumerate([row for row in rows if _is_explanation(row[0])], start=1)]
-    evidence = [row for row in rows if row[0] not in ("verdict", VERDICT_ROW, "explanations")
-                and not _is_explanation(row[0])]
-    return verdict + explanations + evidence
+    evidence = [row for row in rows if row[0] not in ("verdict", VERDICT_ROW, "residual", RESIDUAL_ROW,
+                                                      "explanations") and not _is_explanation(row[0])]
+    return lead + explanations + evidence
 
 
 def scores_verdict(scores: Mapping) -> Optional[str]:
@@ -374,7 +379,7 @@ def scores_table_node(scene, scores: Mapping, name: str = "AnonMRI scores", tabl
     ``Value`` (numbers) and ``Text`` (text: the verdict, its explanations, notes).
 
     The first row is the verdict ("Verdict", the library's sentence as it is), so one line says
-    whether the scan is re-identifiable; the evidence follows.
+    whether the face is recognisable; the outline residual ("Residual") and the evidence follow.
     """
     import vtk
 
@@ -410,7 +415,7 @@ def scores_table_node(scene, scores: Mapping, name: str = "AnonMRI scores", tabl
 
 def scores_from_table_node(table_node) -> Dict[str, Union[float, str]]:
     """The ``{score: value}`` a :func:`scores_table_node` table holds (its row names: "Verdict",
-    "Explanation 1", ..., then flattened names)."""
+    "Residual", "Explanation 1", ..., then flattened names)."""
     table = table_node.GetTable()
     names = table.GetColumnByName("Score")
     values = table.GetColumnByName("Value")

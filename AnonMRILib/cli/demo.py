@@ -10,7 +10,11 @@ The demo is a sequence of named steps (:data:`DEMO_STEPS`); each takes the share
 4. ``remodel``: CP-GAN face remodeling with the shipped weights -> ``remodeled_T1w.nii.gz``,
    ``before_after_face.png``, ``remodel_scores.json`` (brain voxels preserved, face-region change);
 5. ``scores``: the per-scan scores of :func:`AnonMRILib.evaluation.scores.scan_scores` (anonymity
-   criterion on face renderings, attacker rank among reference heads) -> ``scores.json``.
+   criterion on face renderings, attacker rank among reference heads) -> ``scores.json``;
+6. ``verdict``: the scores' one verdict (decided by the open face recognizer) and outline residual,
+   beside the committed privacy evaluation's figures for the default method
+   (:func:`AnonMRILib.evaluation.privacy_report.committed_method_verdict`) and whether they agree;
+   the command prints them last.
 """
 import argparse
 import json
@@ -23,6 +27,8 @@ from .common import add_quiet_argument
 from .remodel import demo_step as remodel_demo_step
 
 REPORT_FILE = "demo_report.json"
+#: the privacy evaluation's row for what the demo runs (the default remodel)
+EVALUATED_METHOD = "CP-GAN"
 
 
 @dataclass
@@ -100,6 +106,39 @@ def step_scores(context: DemoContext) -> None:
     context.report["scores"] = scores
 
 
+def step_verdict(context: DemoContext) -> None:
+    """The scores' verdict and residual, and the committed privacy evaluation's figures for the
+    default method by the same rule (the open recognizer decides), with whether the two agree."""
+    from AnonMRILib.evaluation.privacy_report import committed_method_verdict
+
+    scores = context.report["scores"]
+    figures = committed_method_verdict(EVALUATED_METHOD)
+    text = scores["verdict"]
+    assessed = text.startswith(("recognisable", "not recognisable"))
+    agrees = (text.startswith("recognisable") == figures["recognisable"]) if figures and assessed else None
+    context.report["verdict"] = {"verdict": text, "residual": scores.get("residual"), "method": EVALUATED_METHOD,
+                                 "privacy_evaluation": figures, "agrees_with_privacy_evaluation": agrees}
+
+
+def verdict_lines(entry: Dict[str, Any]) -> List[str]:
+    """What ``anonmri demo`` prints last: the one verdict, the residual, the evaluation's figures."""
+    from AnonMRILib.evaluation.privacy_report import method_figures_line
+
+    lines = [f"demo: verdict: {entry['verdict']}"]
+    if entry.get("residual"):
+        lines.append(f"demo: {entry['residual']}")
+    figures = entry.get("privacy_evaluation")
+    if figures is None:
+        lines.append("demo: privacy evaluation: docs/evaluation/privacy.json not found (a clone has it)")
+    else:
+        agrees = entry.get("agrees_with_privacy_evaluation")
+        how = {True: "agrees with", False: "DISAGREES with", None: "cannot be compared with"}[agrees]
+        verdict = "recognisable" if figures["recognisable"] else "not recognisable"
+        lines.append(f"demo: {how} the privacy evaluation of {entry['method']} (docs/evaluation/report.md: "
+                     f"{verdict}): {method_figures_line(figures)}")
+    return lines
+
+
 #: the demo, in order: (name, step). Later features append their steps here.
 DEMO_STEPS: List[Tuple[str, Callable[[DemoContext], None]]] = [
     ("sample", step_sample),
@@ -107,6 +146,7 @@ DEMO_STEPS: List[Tuple[str, Callable[[DemoContext], None]]] = [
     ("brain_mask_check", step_brain_mask_check),
     ("remodel", remodel_demo_step),
     ("scores", step_scores),
+    ("verdict", step_verdict),
 ]
 
 
@@ -152,4 +192,6 @@ def run(args: argparse.Namespace) -> int:
     report = run_demo(args.out, backend=args.backend, quiet=args.quiet)
     if not args.quiet:
         print(f"demo: wrote {', '.join(report['files'])} into {args.out}")
+        if "verdict" in report:
+            print("\n".join(verdict_lines(report["verdict"])))
     return 0

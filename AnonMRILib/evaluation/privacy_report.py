@@ -1,8 +1,12 @@
 """The privacy evaluation's report: figures (PNG + JSON), ``report.md`` tables and the goals."""
+import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+#: the committed privacy evaluation (docs/evaluation/ of a clone; not part of an installed wheel)
+COMMITTED_EVALUATION = Path(__file__).resolve().parents[2] / "docs" / "evaluation" / "privacy.json"
 
 
 def plot_top_alpha(retrieval: Dict, path: Path) -> None:
@@ -274,3 +278,46 @@ def summarise_tissue(tissue_results: List[Dict], methods: Sequence[str], backend
                 "dice_min": float(np.min([r[t]["dice"] for r in rows])), "n": len(rows)} for t in TISSUES}
     return summary
 
+
+
+def above_chance(rate: float, trials: int, chance: float, alpha: float = 0.05) -> bool:
+    """Whether an identification ``rate`` over ``trials`` is above ``chance`` (one-sided binomial test)."""
+    from scipy.stats import binomtest
+
+    return bool(binomtest(int(round(rate * trials)), trials, chance, alternative="greater").pvalue < alpha)
+
+
+def method_verdict(result: Dict, method: str) -> Optional[Dict[str, Any]]:
+    """What a privacy evaluation ``result`` (``privacy.json``) says of ``method``, by the rule of the
+    per-scan verdict: the open recognizer decides (``recognisable`` = its top-1 over all subjects is
+    above chance), the Siamese attacker's rates are the outline residual. None without the recognizer."""
+    entry = (result.get("open_recognizer") or {}).get("methods", {}).get(method)
+    summary = (result.get("summary") or {}).get(method, {})
+    if not entry or entry.get("top1_all") is None:
+        return None
+    chance = 1.0 / entry["gallery_size_all"]
+    return {"method": method, "recognizer_top1_all": entry["top1_all"], "probes": entry["n_probes_all"],
+            "gallery_size": entry["gallery_size_all"], "chance": chance,
+            "recognisable": above_chance(entry["top1_all"], entry["n_probes_all"], chance),
+            "siamese_5way_all": summary.get("siamese_5way_all"),
+            "siamese_5way_within_head": summary.get("siamese_5way_within_head"),
+            "siamese_chance": 1.0 / result["config"]["n_options"]}
+
+
+def committed_method_verdict(method: str, path: Path = COMMITTED_EVALUATION) -> Optional[Dict[str, Any]]:
+    """:func:`method_verdict` of the committed evaluation; None when its file or the method is absent."""
+    if not Path(path).is_file():
+        return None
+    return method_verdict(json.loads(Path(path).read_text(encoding="utf-8")), method)
+
+
+def method_figures_line(figures: Dict[str, Any]) -> str:
+    """One line of :func:`method_verdict`'s figures (what decides, then the residual)."""
+    text = (f"open face recognizer top-1 {figures['recognizer_top1_all']:.3f} over {figures['probes']} probes, chance "
+            f"{figures['chance']:.3f}, {'above' if figures['recognisable'] else 'not above'} it (one-sided binomial "
+            "test, 5 % level)")
+    if figures.get("siamese_5way_all") is not None:
+        text += (f"; outline residual: Siamese 5-way {figures['siamese_5way_all']:.3f} over all subjects, "
+                 f"{figures['siamese_5way_within_head']:.3f} within a base head "
+                 f"(chance {figures['siamese_chance']:.3f})")
+    return text

@@ -3,12 +3,20 @@
 :func:`scan_scores` works on any pair of a scan and its anonymized version on the same grid
 (any method: CP-GAN, removal baselines, other tools) and returns a JSON-able dict that leads with
 
-* ``verdict``: one sentence a reader can act on, decided by the two attackers below (one that
-  re-identifies the scan is enough): "re-identifiable: the open recognizer puts it 0.09 from the
-  original, nearer than any of 20 reference heads ...", "not re-identified by either attacker:
-  ...", or "not anonymized: the face region was left unchanged"; a warning is appended when
-  the brain mask is implausible; and ``explanations``: why signals that disagree (the two
-  attackers, the PSNR criterion) are resolved the way they are;
+* ``verdict``: one sentence a reader can act on, decided by the open face recognizer alone
+  (``open_recognizer`` below, with the privacy evaluation's rule: top-1 in a gallery), and naming
+  it: "recognisable: the open face recognizer (dlib) puts the anonymized face 0.35 from the
+  original's, nearer than any of 14 reference heads ...", "not recognisable: the open face
+  recognizer (dlib) puts 3 of 14 reference heads nearer ...", "not anonymized: the face region
+  was left unchanged", or "not assessed: ..." with the reason (the recognizer not installed, with
+  its install command; no face in the original); a warning is appended when the brain mask is
+  implausible;
+* ``residual``: what the Siamese attacker (``attacker``) finds, reported as what it is: the head's
+  outline, which a method that keeps the convex hull keeps by design, with its measured strength
+  on this scan and the same rank for a template face placed on the same scan's hull
+  (``hull_control``); it never decides the verdict;
+* ``explanations``: why signals that disagree (the PSNR criterion, a Siamese match beyond the
+  hull control) are resolved the way they are;
 
 then the evidence:
 
@@ -47,6 +55,9 @@ then the evidence:
   :mod:`AnonMRILib.models.reidentification`), the rank of the true original among the original
   plus the reference heads, ordered by distance to the anonymized rendering (0 = the attacker
   picks the true original: identified; ``relative_rank`` 1 = it is the least likely).
+* ``hull_control``: the same rank for REFACE of the original (:mod:`AnonMRILib.pipelines.reface`:
+  a template face placed from the original's convex hull and brain alone, no face voxels), the
+  control that tells an outline match from a face match (``ScoreConfig.hull_control``).
 
 Renderings are made on the canonical frame of :mod:`AnonMRILib.evaluation.face_renderings`
 (centred on the original's head, the reference set's field of view), so any scan can be
@@ -72,12 +83,14 @@ ReferenceLike = Union[None, bool, str, Path, np.ndarray]
 
 @dataclass(frozen=True)
 class ScoreConfig:
-    """Face-region definition (mm, fraction of the brain's S-extent); see the module doc."""
+    """Face-region definition (mm, fraction of the brain's S-extent); see the module doc.
+    ``hull_control``: also rank the original for a template face on the same hull (:func:`residual`)."""
 
     brain_margin_mm: float = 3.0
     superior_fraction: float = 0.25
     inferior_margin_mm: float = 50.0
     rendering_device: str = "cpu"
+    hull_control: bool = True
 
 
 def face_region(original: Volume, brain: Volume, config: Optional[ScoreConfig] = None) -> np.ndarray:
@@ -179,6 +192,15 @@ def _attacker_rank(anonymized_image: np.ndarray, original_image: np.ndarray, ref
             "nearest_reference_distance": float(distances[1:].min())}
 
 
+def _hull_control_image(original: Volume, brain: Volume, centre: np.ndarray, render_config) -> np.ndarray:
+    """Rendering of the hull control: REFACE of ``original`` (a template face placed from its convex
+    hull and brain alone, :mod:`AnonMRILib.pipelines.reface`), in the canonical frame."""
+    from ..pipelines.reface import reface
+    from .face_renderings import render_canonical_face
+
+    return render_canonical_face(reface(original, brain, seed=0, device=render_config.device), centre, render_config)
+
+
 def _open_recognizer(original: Volume, anonymized: Volume, centre: np.ndarray, references: Dict[str, Any],
                      config: "ScoreConfig") -> Dict[str, Any]:
     """The open face recognizer's evidence (see the module doc): descriptors of the original and
@@ -230,71 +252,99 @@ def check_given_brain_mask(original: Volume, brain: Volume) -> Dict[str, Any]:
     return {"plausible": True, "volume_ml": summary.volume_ml, "fraction_of_head": summary.fraction_of_reference}
 
 
-def verdict(result: Dict[str, Any]) -> Tuple[str, List[str]]:
-    """One sentence on re-identification, and the explanations of contradictory signals.
+#: the attacker that decides the verdict, as the verdict names it
+DECIDING_ATTACKER = "the open face recognizer (dlib)"
 
-    Decided by the attackers (the open recognizer and the Siamese network: the rank of the true
-    original among the reference heads); the PSNR-difference criterion and the face-region change
-    are evidence, explained when they disagree.
+
+def verdict(result: Dict[str, Any]) -> Tuple[str, List[str]]:
+    """One sentence on whether the anonymized face is recognisable, and explanations.
+
+    Decided by the open face recognizer alone, with the privacy evaluation's rule (top-1 in a
+    gallery: recognisable when the original is nearer to the anonymized face than every reference
+    head, ties counting against it). The Siamese attacker reads the head's outline, which a
+    convex hull keeps by design: it is reported by :func:`residual`, never decides. Without the
+    recognizer (not installed, no face in the original, no reference set) the verdict is "not
+    assessed" and says why; the PSNR criterion is evidence, explained when it disagrees.
     """
     face = result.get("face_region", {})
     recognizer = result.get("open_recognizer")
-    siamese = result.get("attacker")
     anonymity = result.get("anonymity")
     explanations: List[str] = []
-    reasons = []
-    if recognizer and recognizer.get("identified"):
-        reasons.append(f"the open recognizer puts it {recognizer['distance_to_original']:.2f} from the original, "
-                       f"nearer than any of {recognizer['n_references']} reference heads (nearest "
-                       f"{recognizer['nearest_reference_distance']:.2f})")
-    if siamese and siamese.get("identified"):
-        reasons.append(f"the Siamese attacker ranks the original first among {siamese['n_candidates']} heads")
+    who = DECIDING_ATTACKER
+    identified = bool(recognizer and recognizer.get("identified"))
+    match = (f"{who} puts the anonymized face {recognizer['distance_to_original']:.2f} from the original's, nearer "
+             f"than any of {recognizer['n_references']} reference heads (nearest "
+             f"{recognizer['nearest_reference_distance']:.2f})" if identified else "")
     unchanged = face.get("voxels", 0) > 0 and face.get("changed_fraction", 1.0) == 0.0
     if unchanged:
-        text = "not anonymized: the face region was left unchanged"
-        if reasons:
-            text += "; " + "; ".join(reasons)
-    elif reasons:
-        text = "re-identifiable: " + "; ".join(reasons)
-    elif recognizer is None and siamese is None:
-        text = "not assessed: no attacker could run (no reference set of other heads)"
+        text = "not anonymized: the face region was left unchanged" + (f"; {match}" if identified else "")
+    elif recognizer is None:
+        text = f"not assessed: no reference set of other heads, so {who}, which decides, could not run"
+    elif "skipped" in recognizer:
+        text = f"not assessed: {who}, which decides, could not run ({recognizer['skipped']})"
+    elif identified:
+        text = f"recognisable: {match}"
+    elif not recognizer.get("face_found_in_original"):
+        text = f"not assessed: {who} finds no face in the original, so it cannot compare the anonymized face with it"
+    elif not recognizer.get("face_found_in_anonymized"):
+        text = f"not recognisable: {who} finds no face in the anonymized scan"
+    elif not recognizer.get("n_references"):
+        text = f"not assessed: {who} finds every reference head to be the original's person"
     else:
-        parts = []
-        if recognizer is not None:
-            if not recognizer.get("face_found_in_anonymized"):
-                parts.append("the open recognizer finds no face")
-            elif not recognizer.get("face_found_in_original"):
-                parts.append("the open recognizer finds no face in the original")
-            else:
-                parts.append(f"the open recognizer puts {recognizer['rank']} of {recognizer['n_references']} "
-                             f"reference heads nearer than the original ({recognizer['distance_to_original']:.2f})")
-        if siamese is not None:
-            parts.append(f"the Siamese attacker ranks the original {siamese['rank'] + 1} of {siamese['n_candidates']}")
-        attackers = "either attacker" if recognizer is not None and siamese is not None else "the attacker"
-        text = f"not re-identified by {attackers}: " + "; ".join(parts)
-    identified = bool(reasons)
-    if recognizer is not None and siamese is not None and recognizer.get("identified") != siamese.get("identified"):
-        who = "open recognizer" if recognizer.get("identified") else "Siamese attacker"
-        explanations.append(f"only the {who} re-identifies it; one attacker that succeeds is enough, so the verdict "
-                            "follows it")
-        if siamese.get("identified"):  # the face is not recognised; the outline is
-            explanations.append("the Siamese attacker reads the head's outline at low resolution: a method that "
-                                "keeps the convex hull (CP-GAN, REFACE, FACE MASK) keeps the outline, which the "
-                                "anonymized scan shares, in the same pose, with the original it is compared with; "
-                                "the face itself is not recognised")
-    if anonymity is not None and anonymity.get("anonymized") == identified:
+        text = (f"not recognisable: {who} puts {recognizer['rank']} of {recognizer['n_references']} reference heads "
+                f"nearer to the anonymized face than the original ({recognizer['distance_to_original']:.2f})")
+    assessed = text.startswith(("recognisable", "not recognisable"))
+    if assessed and anonymity is not None and anonymity.get("anonymized") == identified:
         if identified:
             explanations.append("the PSNR criterion counts it anonymized (pixel similarity to the original is no "
-                                "higher than to another head), yet an attacker finds the original: identity survives "
-                                "in the face's shape, which PSNR does not measure; the attackers decide")
+                                "higher than to another head), yet the recognizer finds the original: identity "
+                                "survives in the face's shape, which PSNR does not measure; the recognizer decides")
         else:
             explanations.append("the PSNR criterion does not count it anonymized (the rendering is still more similar "
-                                "to the original's pixels than to another head's), but no attacker finds the "
-                                "original among the reference heads; the attackers decide")
+                                "to the original's pixels than to another head's), but the recognizer does not find "
+                                "the original among the reference heads; the recognizer decides")
+    threshold = (recognizer or {}).get("same_person_threshold") or 0.0
+    distance = (recognizer or {}).get("distance_to_original")
+    if assessed and distance is not None and threshold > 0 and (distance <= threshold) != identified:
+        where = "within" if distance <= threshold else "beyond"
+        explanations.append(f"the anonymized face is {where} the same-person distance calibrated on renderings "
+                            f"({threshold:.2f}) of the original's ({distance:.2f}), yet "
+                            + ("reference heads are nearer" if not identified else "nearer than every reference head")
+                            + "; the rank decides, as in the privacy evaluation (dlib's 0.6 is for photographs)")
+    siamese, control = result.get("attacker"), result.get("hull_control")
+    if assessed and siamese and siamese.get("identified") and control and not control.get("identified"):
+        explanations.append("the Siamese attacker matches this scan to its original more than it matches a template "
+                            "face placed on the same hull (see residual): it may read more than the outline here; "
+                            "look at the before/after renderings")
     mask = result.get("brain", {}).get("mask_check")
     if mask is not None and not mask.get("plausible", True):
         text += f"; WARNING: the brain mask is implausible ({mask['reason']}), so the brain and face-region figures rest on a wrong mask"
     return text, explanations
+
+
+def residual(result: Dict[str, Any]) -> Optional[str]:
+    """What the Siamese attacker finds, reported as the outline residual (None when it did not run).
+
+    The Siamese attacker reads the head's outline at low resolution; a method that keeps the
+    convex hull keeps it by design. Its strength on this scan is the rank of the original for
+    the anonymized scan and, as a control, for a template face placed on the same scan's hull
+    (``hull_control``: REFACE, no face voxels used): when both rank it first, the attacker cannot
+    tell the remodeled head from the hull, so it does not make the verdict.
+    """
+    siamese = result.get("attacker")
+    if not siamese:
+        return None
+    control = result.get("hull_control")
+    text = (f"outline residual (the Siamese attacker reads the head's outline, which the convex hull keeps by "
+            f"design): it ranks the original {siamese['rank'] + 1} of {siamese['n_candidates']} heads "
+            f"(distance {siamese['distance_to_original']:.2f}, "
+            f"nearest other {siamese['nearest_reference_distance']:.2f})")
+    if control:
+        text += (f"; for a template face placed on the same scan's hull (REFACE) it ranks it {control['rank'] + 1} "
+                 f"of {control['n_candidates']} (distance {control['distance_to_original']:.2f})")
+        if siamese.get("identified") and control.get("identified"):
+            text += ", so it cannot tell this head from the same scan's hull"
+    return text
 
 
 def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volume] = None,
@@ -353,6 +403,8 @@ def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volum
     if references is None:
         if reference_renderings is not False:
             result["notes"].append("no reference set of other heads' renderings: anonymity and attacker scores skipped")
+        result["open_recognizer"] = {"skipped": "no face renderings scored" if reference_renderings is False
+                                     else "no reference set of other heads"}
         report(progress, 1.0, "scores done")
         return _lead_with_verdict(result)
     from .face_renderings import FaceRenderingConfig, head_centre, render_canonical_face
@@ -368,7 +420,7 @@ def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volum
     images = references["renderings"]
     if images.shape[1:] != original_image.shape:
         raise InputError(f"reference renderings are {images.shape[1:]} but the scan renders as {original_image.shape}")
-    report(progress, 0.8, "anonymity criterion")
+    report(progress, 0.75, "anonymity criterion")
     result["anonymity"] = _anonymity(anonymized_image, original_image, images)
     result["anonymity"]["reference_set"] = references["source"]
     result["notes"].append("reference heads are generated from a few real heads, not a population of real "
@@ -384,21 +436,33 @@ def scan_scores(original: Volume, anonymized: Volume, brain_mask: Optional[Volum
     if missing is not None:
         result["notes"].append(f"no attacker weights: attacker rank skipped ({missing})")
     else:
-        report(progress, 0.85, "re-identification attacker")
+        report(progress, 0.8, "re-identification attacker")
         result["attacker"] = _attacker_rank(anonymized_image, original_image, images, attacker_weights)
+        if config.hull_control:
+            report(progress, 0.82, "hull control: a template face on the same hull")
+            try:
+                control = _hull_control_image(original, brain, centre, render_config)
+            except InputError as error:
+                result["notes"].append(f"hull control skipped: {error}")
+            else:
+                result["hull_control"] = dict(_attacker_rank(control, original_image, images, attacker_weights),
+                                              method="REFACE of the original: a template face placed from its "
+                                                     "convex hull and brain alone")
     if "recognizer" in references:
         report(progress, 0.9, "open face recognizer")
         try:
             result["open_recognizer"] = _open_recognizer(original, anonymized, centre, references, config)
         except DependencyError as error:
-            result["notes"].append(f"open recognizer skipped: {error}")
+            result["open_recognizer"] = {"skipped": str(error)}
     else:
-        result["notes"].append("the reference set has no open-recognizer descriptors: open recognizer skipped")
+        result["open_recognizer"] = {"skipped": "the reference set has no open-recognizer descriptors"}
     report(progress, 1.0, "scores done")
     return _lead_with_verdict(result)
 
 
 def _lead_with_verdict(result: Dict[str, Any]) -> Dict[str, Any]:
-    """``result`` with ``verdict`` (and ``explanations``) first, the evidence after."""
+    """``result`` with ``verdict``, ``residual`` and ``explanations`` first, the evidence after."""
     text, explanations = verdict(result)
-    return {"verdict": text, "explanations": explanations, **result}
+    outline = residual(result)
+    lead: Dict[str, Any] = {"verdict": text} if outline is None else {"verdict": text, "residual": outline}
+    return {**lead, "explanations": explanations, **result}

