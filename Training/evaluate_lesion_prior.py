@@ -16,7 +16,9 @@ bit-exact; the fraction of non-lesion brain voxels changed; adjacent-slice corre
 brain (output vs input); gradient-magnitude profiles across the brain-mask edge and the lesion
 boundary (-4 .. +4 px in-plane, output vs input); normalised cross-correlation inside the brain of
 the output with its own input and with the other patient's input (affinely registered, Mattes MI),
-and the input's own with the other patient's (how alike two different brains are); NCC of the
+and the input's own with the other patient's (how alike two different brains are), also on the
+interior only (deeper than 5 mm: the brain's outline is kept by design and makes any brain placed in
+it correlate with the patient's rim); NCC of the
 output with each donor (rendered in the patient's contrast, affinely registered) next to a re-scan
 of that donor (the donor placed, resampled with a 1 mm / 1 degree rigid move, the patient's noise,
 registered back); time. Figures: several slices per case, before / after.
@@ -150,7 +152,10 @@ def metrics(image, output, brain, lesion, layout, others=()):
     from AnonMRILib.transforms.appearance import mean_gradient
     from AnonMRILib.transforms.head_mask import head_mask_array
 
+    from scipy import ndimage
+
     a, b = np.asarray(image.array), np.asarray(output.array)
+    deep = ndimage.distance_transform_edt(brain, sampling=image.spacing) > 5.0  # the outline (kept) left out
     head_in, head_out = head_mask_array(a), head_mask_array(b)
     s_in, s_out = in_plane(a, layout).astype(np.float64), in_plane(b, layout).astype(np.float64)
     s_brain, s_lesion = in_plane(brain, layout), in_plane(lesion, layout)
@@ -169,11 +174,13 @@ def metrics(image, output, brain, lesion, layout, others=()):
         "brain_edge": edge_profile(s_in, s_out, s_brain, ~s_lesion),
         "lesion_edge": edge_profile(s_in, s_out, s_lesion, s_brain) if lesion.any() else None,
         "ncc_output_own_input": round(ncc(a, b, brain & ~lesion), 3),
+        "ncc_output_own_input_interior": round(ncc(a, b, deep & ~lesion), 3),
     }
     for name, other in others:
         aligned = affine_to(skull_stripped(image, brain), other)
         figures[f"ncc_output_{name}"] = round(ncc(b, aligned, brain & ~lesion), 3)
         figures[f"ncc_input_{name}"] = round(ncc(a, aligned, brain & ~lesion), 3)
+        figures[f"ncc_output_{name}_interior"] = round(ncc(b, aligned, deep & ~lesion), 3)
     return figures
 
 
@@ -185,7 +192,7 @@ def donor_distances(image, output, brain, lesion, config, seed):
     from AnonMRILib.io import Volume
     from AnonMRILib.io.readers import simpleitk_to_numpy
     from AnonMRILib.io.writers import numpy_to_simpleitk
-    from AnonMRILib.pipelines.lesion_prior import add_matching_noise
+    from AnonMRILib.transforms.appearance import estimate_noise_sigma
     from AnonMRILib.transforms import brain_prior as bp
 
     tissues = bp.classify_patient_tissues(image, brain, lesion, "auto", config)
@@ -209,8 +216,9 @@ def donor_distances(image, output, brain, lesion, config, seed):
             ref = numpy_to_simpleitk(np.asarray(placed.array, np.float32), image.affine)
             moved = simpleitk_to_numpy(sitk.Resample(ref, ref, moved_t, sitk.sitkLinear, 0.0, sitk.sitkFloat32))[0]
             slice_axis = int(np.argmax(np.asarray(image.spacing)))
-            noisy, _ = add_matching_noise(moved, np.asarray(image.array, np.float64), brain, brain & ~lesion,
-                                          slice_axis, seed)
+            sigma = estimate_noise_sigma(np.moveaxis(np.asarray(image.array, np.float64), slice_axis, 0),
+                                         np.moveaxis(brain & ~lesion, slice_axis, 0))
+            noisy = moved + sigma * np.random.default_rng(seed).standard_normal(moved.shape) * (moved > 0)
             rescan = affine_to(placed, Volume(noisy.astype(np.float32), image.affine))
             region = brain & ~lesion & (np.asarray(placed.array) > 0)
             rows[d.name] = {"ncc_output_donor": round(ncc(output.array, to_output, brain & ~lesion), 3),
@@ -231,9 +239,11 @@ def figure(path, columns, lesion, layout, title):
     picks = sorted({int(np.clip(k, brain_slices.min(), brain_slices.max()))
                     for k in (centre - 6, centre - 3, centre, centre + 3, centre + 6)})
     fig, axes = plt.subplots(len(columns), len(picks), figsize=(2.6 * len(picks), 2.7 * len(columns)), squeeze=False)
+    vmax = 1.0
     for row, (name, data) in enumerate(columns):
         stack = in_plane(data, layout).astype(np.float64)
-        vmax = float(np.percentile(stack[stack > 0], 99.5)) if (stack > 0).any() else 1.0
+        if "output" not in name:  # an output row is shown in its input's range
+            vmax = float(np.percentile(stack[stack > 0], 99.5)) if (stack > 0).any() else 1.0
         for col, k in enumerate(picks):
             ax = axes[row, col]
             ax.imshow(stack[k].T, cmap="gray", origin="lower", vmin=0, vmax=vmax, interpolation="nearest")

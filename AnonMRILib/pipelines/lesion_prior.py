@@ -14,8 +14,8 @@ For one or several co-registered contrasts of one patient (BraTS: T1, T1c, T2, F
 3. **T_b per contrast**: the donor's labels rendered with that contrast's statistics, resampled onto
    the input grid (slab-averaged on thick slices), enhancement calibrated (a post-contrast input's
    enhancing fraction is met on the input grid, where slab averaging dilutes thin vessels: one
-   correction of the donor fraction by the measured ratio), the input's noise level added (seeded;
-   Immerkaer's estimate, a global statistic);
+   correction of the donor fraction by the measured ratio), the input's noise level and in-plane
+   sharpness given to it (:func:`match_texture`: seeded noise, unsharp masking; two global numbers);
 4. **the lesion through the paper's networks**: per axial slice, E2 encodes the input's lesion
    ``x M`` (its latent is kept and checked unchanged, as in the paper), E1 encodes the prior's
    background ``T_b (1 - M)``, and D3 decodes ``[z_l, z_s]``; the decoded slice gives the lesion
@@ -32,8 +32,8 @@ latent-diffusion model trained to draw z_s *around* the prior's latent (conditio
 next step; ``prior="none"`` keeps the paper's path unchanged.
 
 Invariant (tested): outside the lesion and its feather band the output depends on the input only
-through the brain mask, the lesion mask, the per-class intensity quantiles, the noise level and the
-seed; inside the band also through the lesion (its latent, or with ``exact_lesion`` its voxels).
+through the brain mask, the lesion mask, the per-class intensity quantiles, the noise level, the mean
+in-plane gradient magnitude and the seed; inside the band also through the lesion (its latent, or with ``exact_lesion`` its voxels).
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -44,22 +44,23 @@ from ..io.volume import Volume
 from ..progress import ProgressCallback, report, sub_progress
 
 
-def add_matching_noise(prior: np.ndarray, image: np.ndarray, region: np.ndarray, reference: np.ndarray,
-                       slice_axis: int, seed: int) -> Tuple[np.ndarray, float]:
-    """``prior`` with seeded Gaussian noise in ``region`` so that its in-plane noise level (Immerkaer)
-    matches ``image``'s over ``reference`` (bool arrays); returns (array, added sigma)."""
-    from ..transforms.appearance import estimate_noise_sigma
+def match_texture(prior: np.ndarray, image: np.ndarray, region: np.ndarray, reference: np.ndarray,
+                  slice_axis: int, seed: int, sigma_px: float = 1.0, max_amount: float = 3.0
+                  ) -> Tuple[np.ndarray, Dict[str, float]]:
+    """``prior`` with the input's noise level and in-plane sharpness in ``region``
+    (:func:`AnonMRILib.transforms.appearance.match_sharpness` without its histogram step: seeded
+    Gaussian noise of the input's Immerkaer level, then unsharp masking of width ``sigma_px`` whose
+    amount (at most ``max_amount``) makes the mean interior gradient magnitude the input's over
+    ``reference``). Two global numbers of the input are used: its noise level and mean gradient."""
+    from ..transforms.appearance import match_sharpness
 
     stack = lambda a: np.moveaxis(np.asarray(a), slice_axis, 0)  # noqa: E731
-    wanted = estimate_noise_sigma(stack(image), stack(reference))
-    present = estimate_noise_sigma(stack(prior), stack(region))
-    sigma = float(np.sqrt(max(wanted ** 2 - present ** 2, 0.0)))
-    if sigma <= 0:
-        return prior, 0.0
-    rng = np.random.default_rng([int(seed), 5519])
-    out = np.array(prior, dtype=np.float32, copy=True)
-    out[region] += (rng.standard_normal(int(region.sum())) * sigma).astype(np.float32)
-    return out, sigma
+    out, figures = match_sharpness(stack(prior), stack(image), stack(region), stack(reference), (sigma_px, sigma_px),
+                                   max_amount=max_amount, match_intensity=False, add_noise=True, seed=seed)
+    details = {"noise_sigma_added": round(float(figures["noise_sigma"]), 3),
+               "sharpening_amount": figures["sharpening_amount"],
+               "sharpness_ratio_reached": round(float(figures["sharpness_ratio_reached"]), 3)}
+    return np.moveaxis(out, 0, slice_axis).astype(np.float32), details
 
 
 def _enhancing_fraction_on_grid(prior: np.ndarray, region: np.ndarray, threshold: float) -> float:
@@ -71,7 +72,7 @@ def render_contrast(placement, statistics, image: Volume, region: np.ndarray, in
                     seed: int, tail_threshold: Optional[float]) -> Tuple[np.ndarray, Dict[str, float]]:
     """T_b of one contrast on ``image``'s grid (float32) over ``region``, with the enhancement
     calibration of the module docstring (step 3), measured over ``interior``, when ``statistics``
-    has an enhancing tail. The correction never more than doubles the donor fraction."""
+    has an enhancing tail. The correction at most quadruples the donor fraction."""
     import dataclasses
 
     from ..transforms.brain_prior import render_brain_prior
@@ -84,7 +85,7 @@ def render_contrast(placement, statistics, image: Volume, region: np.ndarray, in
     wanted = statistics.enhancing_fraction
     details.update({"enhancing_fraction_input": round(wanted, 4), "enhancing_fraction_first": round(reached, 4)})
     if reached > 0 and abs(reached / wanted - 1.0) > 0.2:
-        corrected = dataclasses.replace(statistics, enhancing_fraction=wanted * min(wanted / reached, 2.0))
+        corrected = dataclasses.replace(statistics, enhancing_fraction=wanted * min(wanted / reached, 4.0))
         prior = np.asarray(render_brain_prior(placement, corrected, image, region, prior_config, seed).array)
         reached = _enhancing_fraction_on_grid(prior, interior, tail_threshold)
     details["enhancing_fraction_output"] = round(reached, 4)
@@ -230,11 +231,12 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
         threshold = bright_tail_threshold(data[labels > 0], prior_config.enhancing_mad) if bright else None
         prior, enhancement = render_contrast(placement, statistics, volume, brain, tissues.interior & ~lesion,
                                              prior_config, seed + index, threshold)
-        report(part, 0.6, "brain prior: noise")
-        sigma = 0.0
-        if prior_config.match_noise:
-            prior, sigma = add_matching_noise(prior, data, brain & ~lesion, reference_region, slice_axis, seed + index)
-        details.setdefault("contrasts", []).append({"noise_sigma_added": round(sigma, 3), **enhancement})
+        report(part, 0.6, "brain prior: noise and sharpness")
+        texture: Dict[str, float] = {}
+        if prior_config.match_texture:
+            prior, texture = match_texture(prior, data, brain & ~lesion, reference_region & ~lesion, slice_axis,
+                                           seed + index)
+        details.setdefault("contrasts", []).append({**texture, **enhancement})
         if not config.exact_lesion:
             if models is None:
                 raise InputError("regenerating the lesion from its latent needs the lesion networks")

@@ -109,7 +109,8 @@ class BrainPriorConfig:
     enhancing_mad: float = 4.0
     enhancing_depth_mm: Tuple[float, float] = (2.0, 20.0)
     slab_sample_mm: float = 1.0
-    match_noise: bool = True
+    #: give T_b the input's noise level and sharpness (two global numbers; :func:`~AnonMRILib.pipelines.lesion_prior.match_texture`)
+    match_texture: bool = True
     donors: Optional[Tuple[str, ...]] = None
     mirror: bool = True
     donor_dir: Path = field(default=DONOR_DIR)

