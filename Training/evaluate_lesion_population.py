@@ -18,6 +18,11 @@ passed, sharpness ratio in [0.8, 1.25], brain area within [0.6, 1.67] of the inp
 columns. Per volume: NCC inside the non-lesion brain of the output with its own input and, on
 average, with every other patient's input (co-registered grid: no registration needed).
 
+Utility (``--utility-steps``, the segmentation experiment of ``Training/evaluate_lesion.py`` on these
+volumes): a tumour segmenter (MONAI U-Net on 64 x 64 slices) trained on the real slices of the first
+two thirds of the patients, on their anonymized slices, on half real + half anonymized (by patient)
+and on the half real alone, each tested on the real slices of the last third; tumour IoU.
+
     python Training/evaluate_lesion_population.py --data-root DATA --patients 16 --out docs/evaluation/lesion/prior
 """
 import argparse
@@ -55,6 +60,48 @@ def make_population(data_root: Path, count: int, seed: int):
     return patients
 
 
+def model_slices(volume: np.ndarray, size: int = 64) -> np.ndarray:
+    """(N, size, size) axial slices of a (240, 240, 155) volume, area-averaged to ``size``."""
+    factor = volume.shape[0] // size
+    cropped = volume[: size * factor, : size * factor]
+    return np.moveaxis(cropped.reshape(size, factor, size, factor, -1).mean(axis=(1, 3)), -1, 0)
+
+
+def utility(patients, outputs, steps: int, seed: int) -> dict:
+    """Tumour IoU of segmenters trained on real / anonymized / mixed / half-real slices (module docstring)."""
+    from evaluate_lesion import segmentation_scores, train_segmentation
+
+    def slices(indices, anonymized):
+        images, masks = [], []
+        for p in indices:
+            _, image, lesion, brain, _ = patients[p]
+            keep = brain.any(axis=(0, 1))
+            source = outputs[p] if anonymized else image
+            images.append(model_slices(source)[keep])
+            masks.append(model_slices(lesion.astype(np.float32))[keep] >= 0.5)
+        return np.concatenate(images), np.concatenate(masks)
+
+    count = len(patients)
+    train = list(range(int(round(count * 2 / 3))))
+    test = list(range(len(train), count))
+    half = train[::2]
+    other_half = train[1::2]
+    sets = {"real": [(train, False)], "anonymized (exact lesion)": [(train, True)],
+            "half real + half anonymized": [(half, False), (other_half, True)], "half real": [(half, False)]}
+    test_images, test_masks = slices(test, False)
+    rows = {}
+    for name, parts in sets.items():
+        pieces = [slices(indices, anonymized) for indices, anonymized in parts]
+        images = np.concatenate([p[0] for p in pieces])
+        masks = np.concatenate([p[1] for p in pieces])
+        model = train_segmentation(images.astype(np.float32), masks, steps, seed)
+        rows[name] = {"slices": int(len(images)), **{k: round(v, 4) for k, v in
+                                                     segmentation_scores(model, test_images, test_masks).items()}}
+        print(name, rows[name], flush=True)
+    rows["train_patients"], rows["test_patients"], rows["steps"] = len(train), len(test), steps
+    return rows
+
+
 def main(argv=None) -> int:
     from AnonMRILib.evaluation.anonymity import DEFAULT_THRESHOLD_DB, anonymity_score
     from AnonMRILib.evaluation.realism import RealismCriterion, area_ratio, sharpness_ratio
@@ -69,6 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument("--patients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--utility-steps", type=int, default=1200, help="segmenter training steps (0: no utility part)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO / "Training"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -134,6 +182,9 @@ def main(argv=None) -> int:
                "ncc_own_input_mean": round(float(np.mean(own)), 3), "ncc_other_inputs_mean": round(float(np.mean(other)), 3),
                "patients_own_not_above_others": int(np.sum(np.asarray(own) <= np.asarray(other))),
                "threshold_db": DEFAULT_THRESHOLD_DB}
+    if args.utility_steps > 0:
+        results["utility"] = utility(patients, outputs, args.utility_steps, args.seed)
+        print("utility", results["utility"], flush=True)
     (args.out / "population_results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({k: v for k, v in results.items() if k != "rows"}), flush=True)
     return 0

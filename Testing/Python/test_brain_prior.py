@@ -114,7 +114,9 @@ def test_contrasts_share_one_anatomy_and_keep_their_contrast(brain_case):
     t2[tissues.classified] = 1400 * csf + 700 * grey + 450 * white + 0.5 * (t1 - t1.mean())
     t2[lesion] = 1500
     t2_volume = volume.with_array(np.where(brain, t2, 0).astype(np.int16))
-    config = LesionAnonymizationConfig(**EXACT)
+    # without the per-contrast noise and sharpening, which are independent draws per contrast
+    config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+                                       brain_prior=bp.BrainPriorConfig(match_texture=False, **OTHER_DONOR))
     (out1, out2), details = anonymize_lesion_contrasts([volume, t2_volume], lesion_volume, ["T1w", "T2w"], config,
                                                        seed=1)
     inside = brain & ~lesion & tissues.classified
@@ -143,7 +145,7 @@ def test_post_contrast_enhancement_is_drawn_only_when_the_input_has_it(brain_cas
     assert "enhancing_fraction_output" not in plain["contrasts"][0]
     figures = contrast["contrasts"][0]
     assert 0.01 < figures["enhancing_fraction_input"] < 0.04
-    assert 0.5 < figures["enhancing_fraction_output"] / figures["enhancing_fraction_input"] < 1.5
+    assert 0.5 < figures["enhancing_fraction_output"] / figures["enhancing_fraction_input"] < 2.0
 
 
 def test_bad_requests_are_refused(brain_case):
