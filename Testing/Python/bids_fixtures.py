@@ -82,3 +82,45 @@ def make_bids_dataset(root: Path, step: int = 3):
         ("filename", "acq_time"), ("anat/sub-02_T1w.nii.gz", "2020-11-30T14:02:00"),
         ("anat/sub-02_T2w.nii.gz", "2020-11-30T14:10:00")])
     return bids, masks
+
+
+#: the environment variable that names the bids-validator executable
+VALIDATOR_ENV = "BIDS_VALIDATOR"
+
+
+def find_bids_validator():
+    """The official bids-validator (npm, 1.x) command as a list, or (None, why it was not found).
+
+    Looked up in this order: ``$BIDS_VALIDATOR``, ``bids-validator`` on PATH, the copy ``.ci/run``
+    installs (``.ci/node/node_modules/.bin``), a ``node_modules/.bin`` at the repository root."""
+    import os
+    import shutil
+
+    if shutil.which("node") is None:
+        return None, "node is not installed (the official bids-validator is a node program)"
+    root = Path(__file__).resolve().parents[2]
+    candidates = [os.environ.get(VALIDATOR_ENV), shutil.which("bids-validator"),
+                  root / ".ci" / "node" / "node_modules" / ".bin" / "bids-validator",
+                  root / "node_modules" / ".bin" / "bids-validator"]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return [str(candidate)], ""
+    return None, (f"bids-validator not found (set {VALIDATOR_ENV}, put it on PATH, or run "
+                  "`npm install --prefix .ci/node bids-validator@1.14`)")
+
+
+def run_bids_validator(command, dataset: Path) -> dict:
+    """The validator's JSON report of ``dataset`` (``issues.errors``/``issues.warnings``, ``summary``)."""
+    import subprocess
+
+    result = subprocess.run(command + [str(dataset), "--json"], capture_output=True, text=True, timeout=300)
+    start = result.stdout.find("{")
+    if start < 0:
+        raise AssertionError(f"bids-validator gave no JSON report (exit {result.returncode}): {result.stderr[-500:]}")
+    return json.loads(result.stdout[start:])
+
+
+def validator_errors(report: dict):
+    """[(key, [files])] of the report's errors."""
+    return [(issue.get("key"), [(f.get("file") or {}).get("relativePath") for f in issue.get("files", [])][:5])
+            for issue in report["issues"]["errors"]]
