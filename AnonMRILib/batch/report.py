@@ -5,7 +5,7 @@ import html
 import io
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Sequence
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 from .. import __version__
 from ..io.deidentification import method_description
@@ -87,9 +87,9 @@ def write_subject_pages(out_dir: Path, records: List[Dict[str, Any]]) -> List[Pa
     return pages
 
 
-def write_dataset_descriptions(bids_dir: Path, out_dir: Path, summary: str) -> List[Path]:
-    """The raw dataset's ``dataset_description.json`` (the input's, ``DatasetType`` raw, plus a
-    ``GeneratedBy`` entry saying it was de-identified by AnonMRI and how: ``summary``) and the derivative's
+def dataset_descriptions(bids_dir: Path, summary: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(raw, derivative) ``dataset_description.json`` contents: the input's, ``DatasetType`` raw, plus a
+    ``GeneratedBy`` entry saying it was de-identified by AnonMRI and how (``summary``); the derivative's
     (``DatasetType`` derivative, ``GeneratedBy``, ``SourceDatasets`` the raw dataset it sits in)."""
     from ..errors import InputError
 
@@ -108,8 +108,13 @@ def write_dataset_descriptions(bids_dir: Path, out_dir: Path, summary: str) -> L
                   "DatasetType": "derivative", "GeneratedBy": [generated], "SourceDatasets": [{"URL": "../../"}]}
     if "License" in source:
         derivative["License"] = source["License"]
+    return raw, derivative
+
+
+def write_dataset_descriptions(out_dir: Path, descriptions: Tuple[Dict[str, Any], Dict[str, Any]]) -> List[Path]:
+    """Write the (raw, derivative) descriptions of :func:`dataset_descriptions`."""
     paths = [out_dir / "dataset_description.json", derivative_dir(out_dir) / "dataset_description.json"]
-    for path, content in zip(paths, (raw, derivative)):
+    for path, content in zip(paths, descriptions):
         atomic_text(path, json.dumps(content, indent=2) + "\n")
     return paths
 

@@ -31,8 +31,9 @@ def add_parser(subparsers) -> None:
     from AnonMRILib.pipelines.baselines import REMOVAL_METHODS
 
     parser = subparsers.add_parser(
-        "bids", help="BIDS app: de-identify every anatomical scan of a BIDS dataset (resumable, Dask)",
-        description="De-identify a BIDS dataset into OUT_DIR (BIDS-Apps convention: BIDS_DIR OUT_DIR participant).")
+        "bids", help="BIDS app: the whole BIDS dataset, de-identified, as a valid raw dataset (resumable, Dask)",
+        description="De-identify a whole BIDS dataset into OUT_DIR, a raw BIDS dataset with a derivative "
+                    "derivatives/anonmri (BIDS-Apps convention: BIDS_DIR OUT_DIR participant).")
     parser.add_argument("bids_dir", type=Path, metavar="BIDS_DIR", help="input BIDS dataset (never modified)")
     parser.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="output dataset folder (created)")
     parser.add_argument("analysis_level", choices=("participant",), help="BIDS-Apps analysis level")
@@ -92,7 +93,7 @@ def parse_methods(values: Sequence[str]) -> Tuple[str, Tuple[str, ...]]:
 def run(args: argparse.Namespace) -> int:
     from AnonMRILib.batch.bids_layout import find_scans
     from AnonMRILib.batch.metadata import MetadataSettings, prepare_metadata, write_metadata
-    from AnonMRILib.batch.report import (deidentification_summary, write_dataset_descriptions,
+    from AnonMRILib.batch.report import (dataset_descriptions, deidentification_summary, write_dataset_descriptions,
                                          write_metadata_tsv, write_scores_tsv, write_subject_pages)
     from AnonMRILib.batch.runner import run_scans
     from AnonMRILib.batch.scan import ScanSettings
@@ -119,10 +120,11 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         seed=args.seed, plausibility_checks=not args.skip_plausibility_checks, figures=not args.no_figures,
         retries=args.retries)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_dataset_descriptions(bids_dir, out_dir, deidentification_summary(
+    descriptions = dataset_descriptions(bids_dir, deidentification_summary(
         method, [s for s in carried if any(scan.suffix == s for scan in layout.others)], args.date_shift,
         args.age_bin))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_dataset_descriptions(out_dir, descriptions)
     records = run_scans(layout, settings, scheduler=args.scheduler, workers=args.workers)
     write_metadata(texts, out_dir)
     write_scores_tsv(out_dir, records)
