@@ -64,6 +64,7 @@ IDENTIFYING_NAME = re.compile(r"name|birth|dob|date|address|street|city|zip|post
                               r"physician|doctor|referr|accession|record")
 _DATE_LIKE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[/.]\d{1,2}[/.]\d{2,4}|\d{1,2}:\d{2}")
 _ACQ_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2})(T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?)?$")
+_DATE_LABEL = re.compile(r"(19|20)\d{2}(0[1-9]|1[0-2])(0[1-9]|[12]\d|3[01])")
 _ONE_WORD = re.compile(r"^[A-Za-z0-9_.+-]{1,16}$")
 #: shifted first acquisitions fall in [SHIFT_EARLIEST, SHIFT_LATEST)
 SHIFT_LATEST = datetime.date(1925, 1, 1)
@@ -297,7 +298,17 @@ def prepare_metadata(layout: BidsLayout, settings: MetadataSettings, subjects: S
             outputs[relative] = root / relative
     decisions.extend((name, "", "left out", "not carried (sourcedata, derivatives or hidden)")
                      for name in layout.left_out)
+    decisions.extend(label_warnings([s.relative_path for s in layout.scans] + list(layout.carried_images) + files))
     return outputs, decisions
+
+
+def label_warnings(relative_paths: Iterable[str]) -> List[Decision]:
+    """A ``warning`` decision for each subject or session folder whose label looks like a date
+    (``ses-20210304``): file names are carried as they are, so such a label must be renamed before sharing."""
+    folders = sorted({"/".join(p.split("/")[: i + 1]) for p in relative_paths
+                      for i, part in enumerate(p.split("/")[:2]) if part.startswith(("sub-", "ses-"))})
+    return [(folder, "label", "warning", "the label looks like a date; rename it before sharing")
+            for folder in folders if _DATE_LABEL.search(folder.rsplit("/", 1)[-1])]
 
 
 def write_metadata(outputs: Outputs, out_dir: Path) -> None:

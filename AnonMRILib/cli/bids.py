@@ -143,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
         if warned:
             print(f"  warning: {len(warned)} image(s) carried with a face left untreated (see "
                   "derivatives/anonmri/anonmri_scans.tsv, column warning)")
+        labels = [d[0] for d in decisions if d[2] == "warning"]
+        if labels:
+            print(f"  warning: folder labels that look like dates (rename before sharing): {', '.join(labels)}")
         if layout.left_out:
             print(f"  not carried: {', '.join(layout.left_out)}")
     return 0 if all(r["status"] in ("done", "skipped") for r in records) else 1

@@ -330,6 +330,11 @@ def test_what_is_not_carried_and_bad_method_choices(dataset, tmp_path):
     assert "code/convert.py" in layout.carried_files and BOLD in layout.carried_images
     assert parse_methods(["reface", "FLAIR=keep", "angio=carry"]) == (
         "reface", ("T2w", "PDw", "PD", "T2starw", "angio"))
+    from AnonMRILib.batch.metadata import label_warnings
+
+    assert [w[0] for w in label_warnings(["sub-01/ses-20210304/anat/x.nii.gz", "sub-01/ses-1/x.tsv",
+                                          "sub-19990101/anat/y.nii.gz"])] == ["sub-01/ses-20210304", "sub-19990101"]
+    assert label_warnings(["sub-01/ses-1/anat/sub-01_ses-1_T1w.nii.gz"]) == []
     for bad in (["smudge"], ["T2w=smudge"], ["T1w=keep"]):
         assert main(["bids", str(bids), str(tmp_path / "o"), "participant", "--quiet", "--method", *bad]) == 2
     assert not (tmp_path / "o").exists()
