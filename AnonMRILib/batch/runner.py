@@ -1,4 +1,5 @@
-"""Run the scan tasks on Dask: one task per scan, the other contrasts depending on their session's T1w.
+"""Run the image tasks on Dask: one task per scan (the other contrasts depending on their session's T1w)
+and one per carried image (:func:`~AnonMRILib.batch.scan.carry_image`).
 
     records = run_scans(layout, settings, workers=4)                     # local process pool
     records = run_scans(layout, settings, scheduler="tcp://host:8786")   # a dask.distributed cluster
@@ -22,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import DependencyError, InputError
 from .bids_layout import BidsLayout
-from .scan import ScanSettings, process_scan
+from .scan import ScanSettings, carry_image, process_scan
 
 
 def _dask():
@@ -44,7 +45,7 @@ def remove_stale_scratch(out_dir: Path) -> int:
 
 def run_scans(layout: BidsLayout, settings: ScanSettings, scheduler: Optional[str] = None, workers: int = 1
               ) -> List[Dict[str, Any]]:
-    """Process every scan of ``layout`` (see the module docstring); returns one record per scan, in order."""
+    """Process every scan and carried image of ``layout`` (see the module docstring); one record each, in order."""
     if workers < 1:
         raise InputError(f"--workers must be at least 1, got {workers}")
     dask, delayed = _dask()
@@ -56,7 +57,9 @@ def run_scans(layout: BidsLayout, settings: ScanSettings, scheduler: Optional[st
     for scan in layout.others:
         tasks[scan.relative_path] = delayed(process_scan, pure=False)(
             scan, settings, tasks[scan.reference], dask_key_name=f"scan-{scan.relative_path}")
-    keys = [scan.relative_path for scan in layout.scans]
+    for image in layout.carried_images:
+        tasks[image] = delayed(carry_image, pure=False)(image, settings, dask_key_name=f"carry-{image}")
+    keys = [scan.relative_path for scan in layout.scans] + list(layout.carried_images)
     if scheduler is None and workers == 1:
         return list(dask.compute(*[tasks[k] for k in keys], scheduler="synchronous"))
     try:

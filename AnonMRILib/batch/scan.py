@@ -1,29 +1,42 @@
-"""One task per scan: de-identify one BIDS image and write all its outputs together, or none.
+"""One task per image: de-identify one BIDS scan, or carry one other image, writing all its outputs together.
 
 For a T1w: brain mask (the user's derivative or computed), plausibility checks, the method
-(``remodel`` = CP-GAN, or a removal baseline), then in one :class:`~AnonMRILib.io.writers.OutputTransaction`:
-the image under its own name, ``<entities>_mod-<suffix>_defacemask.nii.gz`` (1 where the
-de-identification changed the voxel), its JSON sidecar with ``DeidentificationMethod`` and
-``DeidentificationMethodCodeSequence``, the brain mask used (``<entities>_desc-brain_mask.nii.gz``),
-a before/after PNG and the scan's record (``figures/<stem>_scan.json``), written last: a scan is
-finished exactly when its record exists. Another contrast of the session receives the T1w's face
-through :func:`~AnonMRILib.pipelines.multicontrast.carry_face` from the T1w's finished outputs.
+(``remodel`` = CP-GAN, or a removal baseline such as ``reface``), then in one
+:class:`~AnonMRILib.io.writers.OutputTransaction`: the image under its own name and its JSON sidecar
+with ``DeidentificationMethod`` and ``DeidentificationMethodCodeSequence`` in the raw dataset, and
+in the derivative ``derivatives/anonmri/``: ``<entities>_mod-<suffix>_defacemask.nii.gz`` (the
+convex region that holds every voxel the de-identification changed: a mask of the changed voxels
+themselves would carry the shape of the original face), the brain mask used
+(``<entities>_desc-brain_mask.nii.gz``), a rendering of the de-identified face
+(``figures/<stem>_deidentified.png``; the original face is never rendered into an output) and the
+scan's record (``figures/<stem>_scan.json``), written last: a scan is finished exactly when its
+record exists. Another contrast of the session receives the T1w's face through
+:func:`~AnonMRILib.pipelines.multicontrast.carry_face` from the T1w's finished outputs.
 
-A failure never escapes: :func:`process_scan` returns a record with ``status`` ``done``,
-``skipped`` (finished by an earlier run), ``failed`` (with the one-line error) or ``blocked`` (its
-T1w failed). Unexpected errors are retried ``retries`` times; errors of the input (AnonMRIError) are not.
+Every other image (func, dwi, fmap, perf, pet, untreated anatomical suffixes) is carried by
+:func:`carry_image`: header text emptied, extensions dropped, voxel bytes unchanged; it is finished
+when its output exists (written by one rename).
+
+A failure never escapes: both return a record with ``status`` ``done``, ``skipped`` (finished by an
+earlier run), ``failed`` (with the one-line error) or ``blocked`` (its T1w failed). Unexpected
+errors are retried ``retries`` times; errors of the input (AnonMRIError) are not.
 """
 import json
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
 from ..errors import AnonMRIError, InputError
-from .bids_layout import Scan
+from .bids_layout import Scan, parse_name, subject_of
+
+#: the derivative dataset (relative to the output dataset) that holds masks, figures and records
+DERIVATIVE = "derivatives/anonmri"
+#: an image carried untreated warns that its face may be recognisable when every voxel side is at most this (mm)
+FACE_VISIBLE_MM = 2.5
 
 _CACHE_LOCK = threading.Lock()
 #: per-process cache of loaded networks (one per Dask worker process): (name, device) -> model
@@ -59,19 +72,24 @@ def worker_brain_network(device: str):
         return _WORKER_MODELS[key]
 
 
+def brain_mask_name(scan: Scan) -> str:
+    """The BIDS derivative name of a T1w's brain mask (relative to a derivative dataset)."""
+    return (Path(scan.folder) / f"{scan.entities}_desc-brain_mask.nii.gz").as_posix()
+
+
 def output_names(scan: Scan) -> Dict[str, str]:
-    """Relative output paths of ``scan`` in the output dataset."""
-    folder = Path(scan.folder)
-    figures = Path(f"sub-{scan.subject}") / "figures"
+    """Relative output paths of ``scan`` in the output dataset (derivative files under :data:`DERIVATIVE`)."""
+    folder = Path(DERIVATIVE) / scan.folder
+    figures = Path(DERIVATIVE) / f"sub-{scan.subject}" / "figures"
     names = {
         "image": scan.relative_path,
+        "sidecar": (Path(scan.folder) / f"{scan.stem}.json").as_posix(),
         "defacemask": (folder / f"{scan.entities}_mod-{scan.suffix}_defacemask.nii.gz").as_posix(),
-        "sidecar": (folder / f"{scan.stem}.json").as_posix(),
-        "figure": (figures / f"{scan.stem}_before_after.png").as_posix(),
+        "figure": (figures / f"{scan.stem}_deidentified.png").as_posix(),
         "record": (figures / f"{scan.stem}_scan.json").as_posix(),
     }
     if scan.reference is None:
-        names["brain_mask"] = (folder / f"{scan.entities}_desc-brain_mask.nii.gz").as_posix()
+        names["brain_mask"] = (Path(DERIVATIVE) / brain_mask_name(scan)).as_posix()
     return names
 
 
@@ -84,9 +102,9 @@ def _load_brain_mask(scan: Scan, settings: ScanSettings, volume):
     from ..transforms.brain_mask import user_brain_mask
 
     if settings.brain_masks is not None:
-        path = Path(settings.brain_masks) / output_names(scan)["brain_mask"]
+        path = Path(settings.brain_masks) / brain_mask_name(scan)
         if not path.is_file():
-            raise InputError(f"no brain mask {output_names(scan)['brain_mask']} in the --brain-masks folder")
+            raise InputError(f"no brain mask {brain_mask_name(scan)} in the --brain-masks folder")
         return user_brain_mask(load_volume(path), volume)
     from ..transforms.brain_extraction.hdbet import compute_brain_mask
 
@@ -144,8 +162,6 @@ def _carry_to_contrast(scan: Scan, settings: ScanSettings):
 
 
 def _reference_parts(relative_path: str):
-    from .bids_layout import parse_name
-
     parsed = parse_name(relative_path)
     if parsed is None:
         raise InputError(f"{relative_path}: not a BIDS image name")
@@ -168,6 +184,30 @@ def _scores(volume, output, brain) -> Dict[str, float]:
                 float((changed & head & ~inside).sum()) / max(float((head & ~inside).sum()), 1.0), 4)}
 
 
+def treated_region(changed: np.ndarray) -> np.ndarray:
+    """The convex region (100 random facets of the hull, a fixed seed) that holds every changed voxel.
+
+    Written as the defacemask instead of ``changed`` itself, whose boundary is the original face."""
+    import torch
+
+    from ..transforms.convex_hull import hull_half_spaces
+
+    points = np.argwhere(changed)
+    if points.shape[0] < 4:
+        return changed.copy()
+    try:
+        from scipy.spatial import ConvexHull as QhullHull
+
+        points = points[QhullHull(points.astype(np.float64)).vertices]
+        half_spaces = hull_half_spaces(points, generator=torch.Generator().manual_seed(0))
+    except (InputError, ValueError, RuntimeError):  # flat or degenerate: the bounding box
+        region = np.zeros_like(changed, dtype=bool)
+        low, high = points.min(axis=0), points.max(axis=0) + 1
+        region[low[0]:high[0], low[1]:high[1], low[2]:high[2]] = True
+        return region
+    return half_spaces.voxelize(changed.shape) | changed
+
+
 def _write_outputs(scan: Scan, settings: ScanSettings, volume, output, brain, record: Dict[str, Any]) -> None:
     from ..io.sidecar import write_deidentified_sidecar
     from ..io.writers import OutputTransaction
@@ -175,7 +215,7 @@ def _write_outputs(scan: Scan, settings: ScanSettings, volume, output, brain, re
     out_dir = Path(settings.out_dir)
     names = output_names(scan)
     source = Path(settings.bids_dir) / scan.relative_path
-    changed = (np.asarray(output.array) != np.asarray(volume.array)).astype(np.uint8)
+    changed = treated_region(np.asarray(output.array) != np.asarray(volume.array)).astype(np.uint8)
     with OutputTransaction() as outputs:
         outputs.add_volume(output, out_dir / names["image"], like=volume, protect=[source])
         outputs.add_volume(volume.with_array(changed), out_dir / names["defacemask"], like=np.uint8)
@@ -187,10 +227,8 @@ def _write_outputs(scan: Scan, settings: ScanSettings, volume, output, brain, re
         if settings.figures:
             from ..rendering import render_face, save_png, side_by_side, skin_iso_level
 
-            level = skin_iso_level(volume)
-            figure = side_by_side([render_face(volume, iso_level=level, size=128),
-                                   render_face(output, iso_level=level, size=128)],
-                                  [scan.suffix, settings.method])
+            figure = side_by_side([render_face(output, iso_level=skin_iso_level(volume), size=128)],
+                                  [f"{scan.suffix} {settings.method}"])
             outputs.add_file(out_dir / names["figure"], lambda path: save_png(figure, path))
         outputs.add_file(out_dir / names["record"], lambda path: path.write_text(
             json.dumps(record, indent=2) + "\n", encoding="utf-8"))  # staged last: committed last
@@ -208,29 +246,75 @@ def process_scan(scan: Scan, settings: ScanSettings, reference_record: Optional[
         return dict(previous, status="skipped")
     if reference_record is not None and reference_record.get("status") not in ("done", "skipped"):
         return dict(record, status="blocked", error=f"its T1w {scan.reference} did not finish")
-    attempts = max(1, settings.retries + 1)
+
+    def work(started: float) -> None:
+        if scan.reference is None:
+            volume, output, brain = _anonymize_reference(scan, settings)
+        else:
+            volume, output, brain = _carry_to_contrast(scan, settings)
+        record.update(_scores(volume, output, brain))
+        record.update(status="done", seconds=round(time.perf_counter() - started, 2))
+        if not record["brain_voxels_exact"]:
+            raise InputError("brain voxels changed; nothing was written")
+        _write_outputs(scan, settings, volume, output, brain, record)
+
+    return _with_retries(record, settings.retries, work)
+
+
+def _with_retries(record: Dict[str, Any], retries: int, work: Callable[[float], None]) -> Dict[str, Any]:
+    """Run ``work(start time)`` (which fills ``record`` and writes the outputs) up to ``retries + 1`` times."""
+    attempts = max(1, retries + 1)
+    error_text = "no attempt made"
     for attempt in range(1, attempts + 1):
         started = time.perf_counter()
+        record.update(attempts=attempt)
         try:
-            if scan.reference is None:
-                volume, output, brain = _anonymize_reference(scan, settings)
-            else:
-                volume, output, brain = _carry_to_contrast(scan, settings)
-            record.update(_scores(volume, output, brain))
-            record.update(status="done", attempts=attempt, seconds=round(time.perf_counter() - started, 2))
-            if not record["brain_voxels_exact"]:
-                raise InputError("brain voxels changed; nothing was written")
-            _write_outputs(scan, settings, volume, output, brain, record)
-            return record
+            work(started)
+            return dict(record, status="done")
         except AnonMRIError as error:  # the input's fault: no retry
-            return dict(record, status="failed", attempts=attempt, error=str(error).splitlines()[0])
+            return dict(record, status="failed", error=str(error).splitlines()[0])
         except MemoryError:
             error_text = "out of memory"
         except Exception as error:  # noqa: BLE001 - any failure is reported per scan, never stops the run
             error_text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        if attempt == attempts:
-            return dict(record, status="failed", attempts=attempt, error=error_text)
-    return dict(record, status="failed", error="no attempt made")
+    return dict(record, status="failed", error=error_text)
+
+
+def untreated_warning(relative_path: str, spacing) -> str:
+    """The report's warning for an image carried with its face untreated ("" when none is due)."""
+    if "/anat/" in f"/{relative_path}":
+        return "anatomical image carried with its face untreated"
+    if all(float(s) <= FACE_VISIBLE_MM for s in spacing):
+        return f"voxels of at most {FACE_VISIBLE_MM} mm carried unchanged: a face may be recognisable"
+    return ""
+
+
+def carry_image(relative_path: str, settings: ScanSettings) -> Dict[str, Any]:
+    """Copy one image that is not de-identified, header text scrubbed and voxels unchanged; its record."""
+    from ..io.writers import OutputTransaction, write_scrubbed_nifti_copy
+
+    parsed = parse_name(relative_path)
+    session = next((part[4:] for part in relative_path.split("/") if part.startswith("ses-")), "")
+    record: Dict[str, Any] = {"scan": relative_path, "participant_id": f"sub-{subject_of(relative_path) or ''}",
+                              "session": session, "suffix": parsed[1] if parsed else "", "method": "none"}
+    source = Path(settings.bids_dir) / relative_path
+    target = Path(settings.out_dir) / relative_path
+
+    def warn(image: Path) -> None:
+        import nibabel as nib
+
+        record["warning"] = untreated_warning(relative_path, nib.load(str(image)).header.get_zooms()[:3])
+
+    def work(started: float) -> None:
+        warn(source)
+        with OutputTransaction() as outputs:
+            outputs.add_file(target, lambda staged: write_scrubbed_nifti_copy(source, staged), protect=[source])
+        record["seconds"] = round(time.perf_counter() - started, 2)
+
+    if target.is_file():
+        warn(target)  # written by this library: readable
+        return dict(record, status="skipped")
+    return _with_retries(record, settings.retries, work)
 
 
 def settings_dict(settings: ScanSettings) -> Dict[str, Any]:

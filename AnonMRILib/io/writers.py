@@ -271,3 +271,44 @@ def _write_simpleitk(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
     writer.SetUseCompression(image_suffix(path) not in DETACHED_HEADER_SUFFIXES)
     writer.KeepOriginalImageUIDOff()
     writer.Execute(numpy_to_simpleitk(array, affine))
+
+
+#: NIfTI header text fields emptied by :func:`write_scrubbed_nifti_copy`
+NIFTI_TEXT_FIELDS = ("descrip", "aux_file", "intent_name", "db_name")
+
+
+def write_scrubbed_nifti_copy(source: PathLike, path: PathLike) -> Path:
+    """Copy the NIfTI-1/2 image ``source`` to ``path`` with its header text fields emptied and its
+    extensions dropped; every other header field (geometry, TR, units, scaling, slice timing) and
+    the stored voxel bytes are kept as they are (not atomic: stage it). A ``.gz`` output carries no
+    file name and a zero time stamp in its gzip header, so the same input gives the same bytes."""
+    import gzip
+
+    import nibabel as nib
+
+    source, path = Path(source), Path(path)
+    try:
+        image = nib.load(str(source))
+    except Exception as error:  # noqa: BLE001 - nibabel raises many kinds on bad files
+        raise InputError(f"{source.name}: cannot be read as NIfTI ({type(error).__name__})") from None
+    if not isinstance(image, (nib.Nifti1Image, nib.Nifti2Image)):  # a .hdr/.img pair loads as a Nifti1Pair
+        raise InputError(f"{source.name}: not a single-file NIfTI image")
+    header = image.header.copy()
+    for name in NIFTI_TEXT_FIELDS:
+        if name in header:
+            header[name] = b""
+    old_offset = int(image.dataobj.offset)  # the loaded header's vox_offset is not the file's
+    block_size = header.sizeof_hdr + 4  # the header, then the 4-byte extension flag (all zero: none)
+    header["vox_offset"] = block_size
+    opener = gzip.open if source.name.endswith(".gz") else open
+    with opener(str(source), "rb") as stream, open(str(path), "wb") as raw:
+        target = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) \
+            if path.name.endswith(".gz") else raw
+        try:
+            stream.read(old_offset)
+            target.write(header.binaryblock + b"\x00" * 4)
+            shutil.copyfileobj(stream, target, 1 << 20)
+        finally:
+            if target is not raw:
+                target.close()
+    return path
