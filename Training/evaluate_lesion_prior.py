@@ -8,7 +8,10 @@ lesion; neither is a donor nor a training head):
 * ``brats_like``: a BraTS-style skull-stripped four-contrast case built from brain2: T1c is the
   scan; T1 is T1c with its enhancing tail clipped to the tail threshold; T2 and FLAIR are rendered
   from brain2's own tissue memberships (CSF/grey/white means of typical T2 and FLAIR contrasts, the
-  scan's within-tissue texture, the lesion bright) -- real anatomy, synthetic contrasts, one grid.
+  scan's within-tissue texture, the lesion bright) -- real anatomy, synthetic contrasts, one grid;
+* ``strengths`` (not in the default list): brain1 skull-stripped at learned-variation strengths
+  :data:`STRENGTHS` side by side (``variation_strengths.png``), with each output's NCC with the placed
+  donor alone (strength 0) and the metrics below.
 
 Per output (lesion excluded where it says so): mean in-plane gradient magnitude output / input inside
 the brain's interior (eroded 2 px in-plane) and inside the Otsu head; head outline Dice; lesion
@@ -86,6 +89,18 @@ def edge_profile(image, output, mask_stack, region, radius=4):
     return {"profile": rows, "ring_gradient_ratio": None if ratio is None else round(ratio, 3)}
 
 
+def interior_adjacent_correlation(stack, brain_stack, lesion_stack, min_pixels=100):
+    """Mean correlation of each slice with the next over the pixels with brain, and no lesion, in both
+    (the outline, which the union-of-foreground measure of
+    :func:`AnonMRILib.evaluation.volume_consistency.adjacent_slice_correlation` mixes in, left out)."""
+    values = []
+    for k in range(len(stack) - 1):
+        region = brain_stack[k] & brain_stack[k + 1] & ~lesion_stack[k] & ~lesion_stack[k + 1]
+        if region.sum() >= min_pixels:
+            values.append(np.corrcoef(stack[k][region], stack[k + 1][region])[0, 1])
+    return float(np.nanmean(values)) if values else float("nan")
+
+
 def ncc(a, b, mask):
     x, y = np.asarray(a, np.float64)[mask], np.asarray(b, np.float64)[mask]
     x, y = x - x.mean(), y - y.mean()
@@ -146,8 +161,11 @@ def brats_like(volume, brain, lesion):
     return out
 
 
-def metrics(image, output, brain, lesion, layout, others=()):
-    """The per-output figures of the module docstring; ``others``: [(name, other patient Volume)]."""
+def metrics(image, output, brain, lesion, layout, others=(), output_brain=None):
+    """The per-output figures of the module docstring; ``others``: [(name, other patient Volume)];
+    ``output_brain``: the output's brain when its outline is not the input's (a skull-stripped input gets
+    the donor's): the brain figures then use the voxels with brain in both, and the outline Dice is
+    reported as ``brain_outline_dice``."""
     from AnonMRILib.evaluation.volume_consistency import adjacent_slice_correlation
     from AnonMRILib.transforms.appearance import mean_gradient
     from AnonMRILib.transforms.head_mask import head_mask_array
@@ -155,6 +173,10 @@ def metrics(image, output, brain, lesion, layout, others=()):
     from scipy import ndimage
 
     a, b = np.asarray(image.array), np.asarray(output.array)
+    outline_dice = None
+    if output_brain is not None:
+        outline_dice = round(2.0 * float((brain & output_brain).sum()) / max(brain.sum() + output_brain.sum(), 1), 4)
+        brain = brain & output_brain
     deep = ndimage.distance_transform_edt(brain, sampling=image.spacing) > 5.0  # the outline (kept) left out
     head_in, head_out = head_mask_array(a), head_mask_array(b)
     s_in, s_out = in_plane(a, layout).astype(np.float64), in_plane(b, layout).astype(np.float64)
@@ -175,7 +197,11 @@ def metrics(image, output, brain, lesion, layout, others=()):
         "lesion_edge": edge_profile(s_in, s_out, s_lesion, s_brain) if lesion.any() else None,
         "ncc_output_own_input": round(ncc(a, b, brain & ~lesion), 3),
         "ncc_output_own_input_interior": round(ncc(a, b, deep & ~lesion), 3),
+        "adjacent_slice_correlation_inside_brain": {"input": round(interior_adjacent_correlation(s_in, s_brain, s_lesion), 3),
+                                                    "output": round(interior_adjacent_correlation(s_out, s_brain, s_lesion), 3)},
     }
+    if outline_dice is not None:
+        figures["brain_outline_dice"] = outline_dice
     for name, other in others:
         aligned = affine_to(skull_stripped(image, brain), other)
         figures[f"ncc_output_{name}"] = round(ncc(b, aligned, brain & ~lesion), 3)
@@ -252,9 +278,13 @@ def figure(path, columns, lesion, layout, title):
             ax.set_title(f"{name}, slice {k}", fontsize=7)
             ax.axis("off")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (2.7 * len(columns))))
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+#: strengths of the learned variation shown side by side by the ``strengths`` case
+STRENGTHS = (0.0, 0.3, 0.6, 1.0)
 
 
 def main(argv=None) -> int:
@@ -268,7 +298,16 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--face-method", default="reface")
     parser.add_argument("--cases", default="brain1,brain2,brain1_stripped,brain2_stripped,brats_like")
+    parser.add_argument("--variation", type=float, default=None,
+                        help="strength of the learned variation (default: the library's)")
+    parser.add_argument("--weights", type=Path, default=None, help="lesion prior weights folder (default: shipped)")
     args = parser.parse_args(argv)
+    from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+
+    variation = PriorVariationConfig() if args.variation is None else PriorVariationConfig(strength=args.variation)
+
+    def lesion_config(**settings):
+        return LesionAnonymizationConfig(variation=variation, **settings)
     args.out.mkdir(parents=True, exist_ok=True)
     scans = {}
     for name in ("brain1", "brain2"):
@@ -280,7 +319,8 @@ def main(argv=None) -> int:
     results = {"seed": args.seed, "cases": {}}
     wanted = args.cases.split(",")
     for case in wanted:
-        base = case.split("_")[0] if case != "brats_like" else "brain2"
+        base = case.split("_")[0] if case not in ("brats_like", "strengths") else \
+            ("brain2" if case == "brats_like" else "brain1")
         image, lesion, brain, mask, mask_s = scans[base]
         other_name = "brain2" if base == "brain1" else "brain1"
         other = skull_stripped(scans[other_name][0], scans[other_name][2])
@@ -289,12 +329,13 @@ def main(argv=None) -> int:
         if case in ("brain1", "brain2"):
             runs, columns = {}, [("input", image.array)]
             for method in (args.face_method, "none"):
-                config = LesionAnonymizationConfig(exact_lesion=True, face_method=method, input_kind="head")
+                config = lesion_config(exact_lesion=True, face_method=method, input_kind="head")
                 start = time.time()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     (output,), details = anonymize_lesion_contrasts([image], lesion_volume, None, config,
-                                                                    seed=args.seed, brain_mask=mask)
+                                                                    weights=args.weights, seed=args.seed,
+                                                                    brain_mask=mask)
                 seconds = time.time() - start
                 runs[method] = {"seconds_with_given_mask": round(seconds, 1), "brain_mask_seconds": round(mask_s, 1),
                                 **details, **metrics(image, output, brain, lesion, layout,
@@ -308,42 +349,64 @@ def main(argv=None) -> int:
             results["cases"][case] = runs
         elif case.endswith("_stripped"):
             stripped = skull_stripped(image, brain)
-            config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain")
+            config = lesion_config(exact_lesion=True, input_kind="brain")
             start = time.time()
             (output,), details = anonymize_lesion_contrasts([stripped], lesion_volume, None, config, seed=args.seed,
-                                                            brain_mask=mask)
+                                                            weights=args.weights, brain_mask=mask)
             run = {"seconds": round(time.time() - start, 1), **details,
-                   **metrics(stripped, output, brain, lesion, layout, [("other_patient", other)])}
-            config_latent = LesionAnonymizationConfig(exact_lesion=False, input_kind="brain")
+                   **metrics(stripped, output, brain, lesion, layout, [("other_patient", other)],
+                             output_brain=np.asarray(output.array) > np.asarray(stripped.array).min())}
+            config_latent = lesion_config(exact_lesion=False, input_kind="brain")
             (latent_output,), _ = anonymize_lesion_contrasts([stripped], lesion_volume, None, config_latent,
-                                                             seed=args.seed, brain_mask=mask)
-            run["lesion_from_latent"] = metrics(stripped, latent_output, brain, lesion, layout)
+                                                             seed=args.seed, weights=args.weights, brain_mask=mask)
+            run["lesion_from_latent"] = metrics(stripped, latent_output, brain, lesion, layout, output_brain=np.asarray(
+                latent_output.array) > np.asarray(stripped.array).min())
             results["cases"][case] = run
             print(case, json.dumps(run)[:600], flush=True)
             figure(args.out / f"{case}.png", [("input", stripped.array), ("output, exact lesion", output.array),
                                               ("output, lesion from its latent", latent_output.array)],
                    lesion, layout, f"{case}: skull-stripped, seed {args.seed}")
+        elif case == "strengths":
+            stripped = skull_stripped(image, brain)
+            run, columns, placed = {}, [("input", stripped.array)], None
+            for strength in STRENGTHS:
+                config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+                                                   variation=PriorVariationConfig(strength=strength))
+                (output,), _ = anonymize_lesion_contrasts([stripped], lesion_volume, None, config, seed=args.seed,
+                                                          weights=args.weights, brain_mask=mask)
+                data = np.asarray(output.array, np.float64)
+                placed = data if placed is None else placed
+                inside = brain & ~lesion & (data > 0) & (placed > 0)
+                run[str(strength)] = {"ncc_with_placed_donor": round(ncc(data, placed, inside), 3),
+                                      **metrics(stripped, output, brain, lesion, layout, output_brain=data > 0)}
+                columns.append((f"output, variation {strength}", output.array))
+                print(case, strength, run[str(strength)]["ncc_with_placed_donor"], flush=True)
+            results["cases"][case] = run
+            figure(args.out / "variation_strengths.png", columns, lesion, layout,
+                   f"{base}, skull-stripped: strength of the learned variation, seed {args.seed}")
         else:
             contrasts = brats_like(image, brain, lesion)
             names = list(contrasts)
-            config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain")
+            config = lesion_config(exact_lesion=True, input_kind="brain")
             start = time.time()
             outputs, details = anonymize_lesion_contrasts([contrasts[n] for n in names], lesion_volume,
                                                           ["T1c", "T1w", "T2w", "FLAIR"] if names[0] == "T1c" else
                                                           ["T1w", "T1c", "T2w", "FLAIR"], config, seed=args.seed,
-                                                          brain_mask=mask)
+                                                          weights=args.weights, brain_mask=mask)
             run = {"seconds_four_contrasts": round(time.time() - start, 1), **details, "contrasts_figures": {}}
             from AnonMRILib.transforms.brain_prior import classify_patient_tissues
 
-            reference_tissues = classify_patient_tissues(outputs[0], brain, lesion, "T1w")
+            output_brain = np.asarray(outputs[0].array) > 0
+            reference_tissues = classify_patient_tissues(outputs[0], output_brain, lesion, "T1w")
             csf_out, white_out = reference_tissues.labels == 1, reference_tissues.labels == 3
             for name, output in zip(names, outputs):
                 source = contrasts[name]
-                figs = metrics(source, output, brain, lesion, layout)
+                figs = metrics(source, output, brain, lesion, layout, output_brain=output_brain)
                 out_data = np.asarray(output.array, np.float64)
                 figs["csf_over_white_output"] = round(float(np.median(out_data[csf_out]) / np.median(out_data[white_out])), 3)
                 run["contrasts_figures"][name] = figs
-            run["correlation_T1_T2_output"] = round(ncc(outputs[0].array, outputs[2].array, brain & ~lesion), 3)
+            run["correlation_T1_T2_output"] = round(ncc(outputs[0].array, outputs[2].array,
+                                                        output_brain & (np.asarray(outputs[2].array) > 0) & ~lesion), 3)
             results["cases"][case] = run
             print(case, json.dumps(run)[:800], flush=True)
             columns = []

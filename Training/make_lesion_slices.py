@@ -70,6 +70,8 @@ def main(argv=None) -> int:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--lesion-slices", type=int, default=10)
     parser.add_argument("--healthy-slices", type=int, default=3)
+    parser.add_argument("--smoothing-mm", type=float, default=1.2,
+                        help="anti-aliasing of the base heads (1.2 for 64-pixel grids; 0 keeps their sharpness at 240)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1, help="processes making patients")
     args = parser.parse_args(argv)
@@ -84,7 +86,7 @@ def main(argv=None) -> int:
     if not specs:
         parser.error("give --data-root or at least one --head")
     start = time.time()
-    heads = load_base_heads(specs, atlas, atlas_mask)
+    heads = load_base_heads(specs, atlas, atlas_mask, smoothing_mm=args.smoothing_mm)
     config = SyntheticLesionConfig(image_size=args.image_size, num_patients=args.patients,
                                    lesion_slices_per_patient=args.lesion_slices,
                                    healthy_slices_per_patient=args.healthy_slices)
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     slices.save(args.out)
     card = {"heads": [h.name for h in heads], "seed": args.seed, "patients": args.patients,
-            "image_size": args.image_size, "variation": dataclasses.asdict(config.variation),
+            "image_size": args.image_size, "smoothing_mm": args.smoothing_mm, "variation": dataclasses.asdict(config.variation),
             "coregister": config.coregister, "slices": len(slices),
             "lesion_slices": int(slices.masks.reshape(len(slices), -1).any(1).sum()),
             "hgg_patients": int(len(set(slices.patients[slices.grades == 1].tolist()))),

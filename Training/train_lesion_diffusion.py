@@ -13,7 +13,15 @@ lesion mask M and slice depth D. The patient split is the VAE's (same ``split_se
 Paper resolution: ``--config Training/configs/lesion_paper_240.json`` (its "diffusion" section)
 with the 240 x 240 VAE; the latents are [16 x 30 x 30] means (the encoder's [32 x 30 x 30] output
 is mean and log-variance) and small, so the U-Net trains on whole latents. ``amp``,
-``checkpoint_dtype``, ``--resume-from`` and ``--max-steps`` as in ``train_lesion_vae.py``.
+``checkpoint_dtype``, ``--resume-from``, ``init_from`` and ``--max-steps`` as in ``train_lesion_vae.py``;
+``--set init_from=AnonMRILib/weights/lesion_prior/lesion_diffusion.safetensors`` goes on from the shipped
+(committed) weights in a later session.
+
+Prior-conditioned model (the default lesion method's learned variation, ``prior_conditioned``): the
+U-Net also takes the low-pass of a latent as a condition; in training that is the training slice's own
+latent, so the model learns the finer anatomy that goes with a coarse layout (``AnonMRILib.models.
+latent_diffusion``). ``contrast_copies`` adds that many encodings of every slice in a random tissue
+contrast (T2/FLAIR-like included), since at inference the prior comes in the input's contrast.
 
 Outputs in ``--out``: checkpoint.safetensors (resume), lesion_diffusion.safetensors, lesion_diffusion.json, log.jsonl.
 """
@@ -29,8 +37,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lesion_training_common import (WallClock, add_common_arguments, autocast, build_config,  # noqa: E402
-                                    epoch_batches, log_line, reduce_mean, resume_state, save_checkpoint,
-                                    setup_distributed, wrap_ddp)
+                                    epoch_batches, initialize_from, log_line, random_tissue_contrast, reduce_mean,
+                                    resume_state, save_checkpoint, setup_distributed, wrap_ddp)
 from train_lesion_vae import load_split  # noqa: E402
 
 
@@ -51,15 +59,44 @@ class DiffusionTrainingConfig:
     checkpoint_every_steps: int = 200
     amp: bool = False
     checkpoint_dtype: str = "float32"
+    #: condition on the brain prior's latent (low-passed; ``prior_smoothing_px`` latent pixels)
+    prior_conditioned: bool = False
+    prior_smoothing_px: float = 1.0
+    #: extra encodings of every training slice with a random tissue contrast (and a random
+    #: left-right flip), so the model learns latents of every contrast the prior renders
+    contrast_copies: int = 0
+    #: the share of the extra encodings that is flipped left-right
+    flip_fraction: float = 0.5
+    #: start from these weights (e.g. the shipped, committed lesion_prior/lesion_diffusion.safetensors:
+    #: a later session goes on from the repository, not from a checkpoint outside it)
+    init_from: str = ""
 
 
-def encode_backgrounds(vae, images, masks, device, batch: int = 128):
+def encode_backgrounds(vae, images, masks, device, batch: int = 64, amp: bool = False):
     """Posterior means of the background encoder for (N, 1, S, S) tensors."""
     import torch
 
-    with torch.no_grad():
-        return torch.cat([vae.encode_background(images[i:i + batch].to(device), masks[i:i + batch].to(device))[0].cpu()
+    with torch.no_grad(), autocast(device, amp):
+        return torch.cat([vae.encode_background(images[i:i + batch].to(device),
+                                                masks[i:i + batch].to(device))[0].float().cpu()
                           for i in range(0, len(images), batch)])
+
+
+def augmented_copies(images, masks, grades, depths, copies: int, flip_fraction: float, seed: int):
+    """The training tensors followed by ``copies`` augmented copies (random tissue contrast, a
+    left-right flip for ``flip_fraction`` of them)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 4242)
+    all_images, all_masks = [images], [masks]
+    for _ in range(copies):
+        x = random_tissue_contrast(images, generator, 1.0)
+        flip = torch.rand(len(x), generator=generator) < flip_fraction
+        x = torch.where(flip[:, None, None, None], x.flip(-2), x)
+        all_images.append(x)
+        all_masks.append(torch.where(flip[:, None, None, None], masks.flip(-2), masks))
+    repeat = copies + 1
+    return torch.cat(all_images), torch.cat(all_masks), grades.repeat(repeat), depths.repeat(repeat)
 
 
 def main(argv=None) -> int:
@@ -87,22 +124,30 @@ def main(argv=None) -> int:
     train, _, split = load_split(args.data, config.split_seed, config.test_fraction, image_size)
     images = torch.from_numpy(train.images[:, None])
     masks = torch.from_numpy(train.masks[:, None].astype(np.float32))
-    latents = encode_backgrounds(vae, images, masks, device)
-    latent_shift, latent_scale = float(latents.mean()), float(latents.std())
-    latents = (latents - latent_shift) / latent_scale
     grades = torch.from_numpy(train.grades)
     depths = torch.from_numpy(train.depths)
-    del vae
+    if config.contrast_copies:
+        images, masks, grades, depths = augmented_copies(images, masks, grades, depths, config.contrast_copies,
+                                                         config.flip_fraction, config.seed)
+    latents = encode_backgrounds(vae, images, masks, device)  # float32, as at inference
+    latent_shift, latent_scale = float(latents.mean()), float(latents.std())
+    latents = (latents - latent_shift) / latent_scale
+    del vae, images
 
     model_config = LatentDiffusionConfig(image_size=image_size, latent_channels=latents.shape[1],
                                          channels=config.channels, embedding_dim=config.embedding_dim,
                                          mask_channels=config.mask_channels, num_classes=config.num_classes,
-                                         num_train_timesteps=config.num_train_timesteps)
+                                         num_train_timesteps=config.num_train_timesteps,
+                                         prior_channels=latents.shape[1] if config.prior_conditioned else 0,
+                                         prior_smoothing_px=config.prior_smoothing_px)
     torch.manual_seed(config.seed)
     model = ConditionalLatentUNet(model_config).to(device)
+    if config.init_from:
+        initialize_from(model, Path(config.init_from))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     scheduler = make_ddpm_scheduler(model_config)
     checkpoint_path = args.out / "checkpoint.safetensors"
+    args.learning_rate = config.learning_rate
     epoch, step, history, elapsed_before = resume_state(args, model, optimizer, device)
     trainer = wrap_ddp(model, device, world_size)
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank + 7919 * step)
@@ -157,7 +202,7 @@ def main(argv=None) -> int:
             "vae": {"file": Path(args.vae).name, "sha256": sha256_of(args.vae)},
             "latent_shift": latent_shift, "latent_scale": latent_scale,
             "data": json.loads(data_card_path.read_text()) if data_card_path.is_file() else str(args.data),
-            "train_slices": len(train), "split": split,
+            "train_slices": len(train), "training_latents": len(latents), "split": split,
             "epochs_done": epoch, "steps": step, "stopped_by_time_budget": stopped_early,
             "wall_time_s": round(elapsed_before + clock.elapsed, 1), "world_size": world_size,
             "device": str(device), "history": history[-50:],

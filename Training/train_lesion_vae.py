@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lesion_training_common import (WallClock, add_common_arguments, autocast, build_config,  # noqa: E402
-                                    epoch_batches, log_line, random_crops, reduce_mean, resume_state,
-                                    save_checkpoint, setup_distributed, wrap_ddp)
+                                    epoch_batches, initialize_from, log_line, random_crops, random_tissue_contrast,
+                                    reduce_mean, resume_state, save_checkpoint, setup_distributed, wrap_ddp)
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,11 @@ class VAETrainingConfig:
     latent_channels: int = 16
     channels: Tuple[int, int, int] = (16, 32, 48)
     kl_weight: float = 1e-3
+    attention_window: int = 0
+    norm: str = "batch"
+    output_activation: str = "none"
+    #: start from these weights (a checkpoint or weights file; matching tensors only, e.g. another norm)
+    init_from: str = ""
     epochs: int = 50
     batch_size: int = 16
     learning_rate: float = 1e-3
@@ -56,9 +61,22 @@ class VAETrainingConfig:
     checkpoint_every_steps: int = 100
     horizontal_flip: bool = True
     crop_size: int = 0
+    #: share of the crops centred on the brain (the rest anywhere in the slice)
+    crop_foreground_fraction: float = 0.0
+    #: share of the training slices given a random tissue contrast (T2/FLAIR-like included)
+    contrast_augmentation: float = 0.0
     amp: bool = False
+    #: batch-norm layers in eval mode while training (their running statistics fixed, e.g. those of a
+    #: resumed run): the weights adapt to the statistics the model is applied with
+    freeze_batch_norm: bool = False
+    #: channels-last memory on the CPU (group normalisation ran 2.5x faster per step with it here)
+    channels_last: bool = False
     checkpoint_dtype: str = "float32"
     eval_max_slices: int = 0
+    #: every this many steps, whole-slice SSIM of the joint reconstruction on ``monitor_slices``
+    #: held-out slices goes into the log (0: never)
+    monitor_every_steps: int = 0
+    monitor_slices: int = 16
 
 
 def load_split(data_path: Path, split_seed: int, test_fraction: float, image_size: int):
@@ -94,11 +112,18 @@ def main(argv=None) -> int:
 
     train, test, split = load_split(args.data, config.split_seed, config.test_fraction, config.image_size)
     model_config = LesionVAEConfig(image_size=config.image_size, latent_channels=config.latent_channels,
-                                   channels=config.channels, kl_weight=config.kl_weight)
+                                   channels=config.channels, kl_weight=config.kl_weight,
+                                   attention_window=config.attention_window, norm=config.norm,
+                                   output_activation=config.output_activation)
     torch.manual_seed(config.seed)
     model = LesionPreservingAutoencoder(model_config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     checkpoint_path = args.out / "checkpoint.safetensors"
+    if config.init_from:
+        initialize_from(model, Path(config.init_from))
+    memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    args.learning_rate = config.learning_rate
     epoch, step, history, elapsed_before = resume_state(args, model, optimizer, device)
     trainer = wrap_ddp(model, device, world_size)
     images = torch.from_numpy(train.images[:, None])
@@ -111,21 +136,42 @@ def main(argv=None) -> int:
                             {"epoch": epoch_done, "step": step, "history": history, "config": asdict(config),
                              "elapsed_s": elapsed_before + clock.elapsed}, dtype=config.checkpoint_dtype)
 
+    monitor = test.subset(np.linspace(0, len(test) - 1, min(config.monitor_slices, len(test))).astype(int))
+
+    def train_mode() -> None:
+        model.train()
+        if config.freeze_batch_norm:
+            for module in model.modules():
+                if isinstance(module, torch.nn.BatchNorm2d):
+                    module.eval()
+
+    def monitor_ssim() -> float:
+        model.eval()
+        with torch.no_grad():  # float32, as the pipeline runs the model
+            x = torch.from_numpy(monitor.images[:, None]).to(device)
+            m = torch.from_numpy(monitor.masks[:, None].astype(np.float32)).to(device)
+            whole = model.reconstruct(x, m)["whole_hat"].float().clamp(0, 1)
+        train_mode()
+        return summarize(monitor.images, whole[:, 0].cpu().numpy())["ssim"]
+
     stopped_early = False
     steps_this_run = 0
     import time
 
     step_clock = time.perf_counter()
     while epoch < config.epochs and not stopped_early:
-        model.train()
+        train_mode()
         alpha_v = alpha_v_schedule(epoch, config.alpha_initial, config.halve_every, config.alpha_minimum)
         sums, done = {}, 0
         for batch_index in epoch_batches(len(images), config.batch_size, config.seed, epoch, rank, world_size):
             x, m = images[batch_index], masks[batch_index]
             if config.horizontal_flip and torch.rand(1, generator=generator).item() < 0.5:
                 x, m = x.flip(-2), m.flip(-2)
-            x, m = random_crops(generator, config.crop_size, x, m)
-            x, m = x.to(device), m.to(device)
+            x, m = random_crops(generator, config.crop_size, x, m,
+                                foreground_fraction=config.crop_foreground_fraction)
+            if config.contrast_augmentation > 0:
+                x = random_tissue_contrast(x, generator, config.contrast_augmentation)
+            x, m = x.to(device, memory_format=memory_format), m.to(device, memory_format=memory_format)
             with autocast(device, config.amp):
                 outputs = trainer(x, m, None)
             outputs = {k: v.float() for k, v in outputs.items()}
@@ -140,6 +186,9 @@ def main(argv=None) -> int:
                 sums[key] = sums.get(key, 0.0) + value
             if step % config.checkpoint_every_steps == 0:
                 checkpoint(epoch)
+            if config.monitor_every_steps and step % config.monitor_every_steps == 0 and rank == 0:
+                log_line(log_path, {"step": step, "held_out_monitor_ssim": round(monitor_ssim(), 4),
+                                    "elapsed_s": round(elapsed_before + clock.elapsed, 1)})
             if clock.out_of_time() or (args.max_steps is not None and steps_this_run >= args.max_steps):
                 stopped_early = True
                 break

@@ -97,11 +97,16 @@ def main(argv=None) -> int:
     panel = QUiLoader().load(buffer)
     find = lambda cls, name: panel.findChild(cls, name)  # noqa: E731
 
+    others = range(1, core.MAX_OTHER_CONTRASTS + 1)
     combos = {"inputVolumeSelector": [run["input"]], "brainMaskSelector": [run["brain"]],
-              "lesionSegmentationSelector": ["None"], "methodComboBox": core.method_labels(),
+              "lesionSegmentationSelector": ["None"], "inputContrastComboBox": core.contrast_choices(),
+              "methodComboBox": core.method_labels(),
               "deviceComboBox": ["auto", "cuda", "cpu"], "previewViewComboBox": ["anterior"],
               "outputVolumeSelector": [run["output"]], "exportFormatComboBox": core.export_formats(),
               "scoresTableSelector": [run["table"]]}
+    for number in others:
+        combos[f"otherVolume{number}Selector"] = ["None"]
+        combos[f"otherContrast{number}ComboBox"] = core.contrast_choices()
     for name, items in combos.items():
         find(QtWidgets.QComboBox, name).addItems(items)
     find(QtWidgets.QComboBox, "deviceComboBox").setCurrentText("cpu")
@@ -109,8 +114,12 @@ def main(argv=None) -> int:
                           ("linkCamerasCheckBox", True)):
         find(QtWidgets.QCheckBox, name).setChecked(checked)
     find(QtWidgets.QComboBox, "methodComboBox").setCurrentText(core.REFACE_LABEL)
-    for name in ("lesionSegmentationSelector", "weightsPathLineEdit", "lesionWeightsPathLineEdit",
-                 "exactLesionCheckBox", "samplingStepsSpinBox", "rotationsSpinBox", "bundledWeightsCheckBox"):
+    find(QtWidgets.QDoubleSpinBox, "variationStrengthSpinBox").setValue(core.default_variation_strength())
+    lesion_only = ["lesionSegmentationSelector", "weightsPathLineEdit", "lesionWeightsPathLineEdit",
+                   "exactLesionCheckBox", "variationStrengthSpinBox", "samplingStepsSpinBox", "inputContrastComboBox"]
+    lesion_only += [f"other{kind}{number}{widget}" for number in others
+                    for kind, widget in (("Volume", "Selector"), ("Contrast", "ComboBox"))]
+    for name in lesion_only + ["rotationsSpinBox", "bundledWeightsCheckBox"]:
         panel.findChild(QtWidgets.QWidget, name).setEnabled(False)  # as the module does for REFACE
     for name in ("applyButton", "computeScoresButton"):
         find(QtWidgets.QPushButton, name).setEnabled(True)

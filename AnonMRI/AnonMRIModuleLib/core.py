@@ -10,6 +10,11 @@ Every operation is split in three so the panel can run the slow middle part off 
    neutral name ("Anonymized 1 (CP-GAN)": never derived from the input's name), under the input's
    parent transform, in AnonMRI's own subject-hierarchy folder (never the original patient's).
 
+The lesion method takes other co-registered contrasts of the same patient too (BraTS T1, T1c, T2,
+FLAIR on the input's grid): one request carries them all to
+``AnonMRILib.pipelines.lesion.anonymize_lesion_contrasts`` (one placed anatomy for every contrast),
+and step 3 adds one neutrally named node per input.
+
 The panel runs step 2 in a separate process (:mod:`.jobs`, :mod:`.tasks`); the console methods
 (``remodelFace``, ``anonymizeLesions``, ``deface``, ``renderFace``, ``scores``) chain the three
 synchronously in the calling thread. Library functions are imported when first used; a pipeline
@@ -53,14 +58,26 @@ REMOVAL_LABEL_PREFIX = "Removal baseline: "
 #: removal baselines listed when ``AnonMRILib.pipelines.baselines`` cannot be imported to ask it
 FALLBACK_REMOVAL_METHODS = ("quickshear", "facemask", "deface", "skullstrip", "blur", "black", "reface")
 
+#: the lesion method given several co-registered contrasts of one patient (a library entry point)
+LESION_CONTRASTS = "lesion_contrasts"
+
 #: library entry points: operation -> (module, function, what a user would call it)
 LIBRARY_FUNCTIONS = {
     REMODEL: ("AnonMRILib.pipelines.remodel", "remodel_face", "CP-GAN face remodeling"),
     LESION: ("AnonMRILib.pipelines.lesion", "anonymize_lesions", "Lesion-preserving anonymization"),
+    LESION_CONTRASTS: ("AnonMRILib.pipelines.lesion", "anonymize_lesion_contrasts",
+                       "Lesion-preserving anonymization of several contrasts"),
     DEFACE: ("AnonMRILib.pipelines.baselines", "deface", "The removal-baseline pipeline"),
     "render": ("AnonMRILib.rendering", "render_face", "Face rendering"),
     "scores": ("AnonMRILib.evaluation.scores", "scan_scores", "Per-scan scoring"),
 }
+
+
+#: how many other contrasts of the patient the panel offers next to the input
+MAX_OTHER_CONTRASTS = 3
+#: contrast names when ``AnonMRILib.transforms.brain_prior.CONTRASTS`` cannot be imported to ask it
+FALLBACK_CONTRASTS = ("auto", "T1w", "T1c", "T2w", "PDw", "FLAIR")
+AUTO_CONTRAST = "auto"
 
 
 class MissingFeatureError(AnonMRIError, NotImplementedError):
@@ -84,6 +101,42 @@ def library_function(operation: str) -> Callable:
         raise MissingFeatureError(f"{feature} is not available: {module_name} has no {function_name}() "
                                   "(update the AnonMRI extension)")
     return function
+
+
+def contrast_choices() -> List[str]:
+    """The contrast names the lesion method knows (``AnonMRILib.transforms.brain_prior.CONTRASTS``),
+    ``"auto"`` first."""
+    try:
+        module = importlib.import_module("AnonMRILib.transforms.brain_prior")
+        names = getattr(module, "CONTRASTS")
+    except (ImportError, AttributeError):
+        return list(FALLBACK_CONTRASTS)
+    return [str(name) for name in names]
+
+
+def guess_contrast(node_name: str) -> str:
+    """The contrast a node name states (``"BraTS20_001_t1ce"`` -> ``"T1c"``, ``"3: T2 FLAIR AX"`` ->
+    ``"FLAIR"``), as the command line guesses it from a file name; else ``"auto"``."""
+    import re
+
+    try:
+        from AnonMRILib.cli.lesion import contrast_from_file_name
+    except ImportError:
+        return AUTO_CONTRAST
+    # node names separate words with spaces and colons, file names with '_', '-' and '.'
+    guessed = contrast_from_file_name(re.sub(r"[^A-Za-z0-9.\-]+", "_", str(node_name or "")))
+    return guessed if guessed in contrast_choices() else AUTO_CONTRAST
+
+
+def default_variation_strength() -> float:
+    """The library's default strength of the donor prior's learned variation
+    (``AnonMRILib.pipelines.prior_variation.PriorVariationConfig().strength``, in [0, 1]); 0 when
+    this AnonMRILib has no learned variation."""
+    try:
+        from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+    except ImportError:
+        return 0.0
+    return float(PriorVariationConfig().strength)
 
 
 def removal_methods() -> List[str]:
@@ -169,7 +222,10 @@ class AnonymizationRequest:
     """Everything one run needs, as plain data (no MRML object): safe to hand to a worker thread.
 
     ``image`` / masks are in world RAS; ``options`` holds method options passed by keyword
-    (``rotations``, ``sampling_steps``: None = the model's default).
+    (``rotations``, ``sampling_steps``: None = the model's default; lesion: ``exact_lesion``,
+    ``variation_strength``). Lesion method: ``other_images`` are other co-registered contrasts of
+    the patient on ``image``'s grid, ``contrasts`` a name per image (``image``'s first; empty: all
+    ``"auto"``), ``other_input_node_ids`` the nodes they were read from.
     """
 
     operation: str
@@ -184,6 +240,22 @@ class AnonymizationRequest:
     input_node_id: str = ""
     output_name: str = ""
     check_brain_mask: bool = True
+    other_images: List[Volume] = field(default_factory=list)
+    contrasts: List[str] = field(default_factory=list)
+    other_input_node_ids: List[str] = field(default_factory=list)
+
+    @property
+    def images(self) -> List[Volume]:
+        """Every image of the run: ``image``, then ``other_images``."""
+        return [self.image] + list(self.other_images)
+
+    def contrast_names(self) -> List[str]:
+        """A contrast name per image (``"auto"`` where none was given)."""
+        names = list(self.contrasts) or [AUTO_CONTRAST] * len(self.images)
+        if len(names) != len(self.images):
+            raise InputError(f"{len(self.images)} images but {len(names)} contrast names; give one per image, "
+                             "the input's first")
+        return names
 
 
 def accepts_option(operation: str, name: str) -> bool:
@@ -243,8 +315,66 @@ def release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_request_with_mask(request: AnonymizationRequest, progress: Optional[ProgressCallback] = None):
-    """Run the library for ``request`` (any thread; touches no MRML): ``(output Volume, brain mask)``.
+def lesion_config(options: Dict[str, Any], contrast: str = AUTO_CONTRAST):
+    """The ``LesionAnonymizationConfig`` for the panel's lesion options, taken out of ``options``
+    (``sampling_steps``: DDIM steps, 0/None = default; ``exact_lesion``; ``variation_strength``: the
+    donor prior's learned variation in [0, 1], None = default), with the reference image's
+    ``contrast``; None when every setting is the library's default."""
+    steps = options.pop("sampling_steps", None)
+    exact = bool(options.pop("exact_lesion", False))
+    strength = options.pop("variation_strength", None)
+    if not (steps or exact or strength is not None or contrast != AUTO_CONTRAST):
+        return None
+    from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig
+
+    settings: Dict[str, Any] = {"exact_lesion": exact}
+    if steps:  # the panel's "sampling steps" are the lesion pipeline's DDIM steps
+        settings["steps"] = int(steps)
+    if contrast != AUTO_CONTRAST:
+        settings["contrast"] = str(contrast)
+    if strength is not None:
+        import dataclasses
+
+        try:
+            from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+        except ImportError as error:
+            raise MissingFeatureError("the learned variation strength is not available: this AnonMRILib has no "
+                                      "pipelines.prior_variation (update the AnonMRI extension)") from error
+        settings["variation"] = dataclasses.replace(PriorVariationConfig(), strength=float(strength))
+    return LesionAnonymizationConfig(**settings)
+
+
+def _run_lesion(request: AnonymizationRequest, brain: Optional[Volume],
+                progress: Optional[ProgressCallback]) -> List[Volume]:
+    """The lesion method on the request's image (``anonymize_lesions``) or, with other contrasts, on
+    all of them with one anatomy (``anonymize_lesion_contrasts``): one output per image."""
+    if request.lesion_mask is None:
+        raise InputError("lesion-preserving anonymization needs a lesion segmentation")
+    contrasts = request.contrast_names()
+    options = dict(request.options)
+    config = lesion_config(options, contrasts[0])
+    if config is not None:
+        options["config"] = config
+    droppable = ("device", "progress", "brain_mask")
+    if not request.other_images:
+        result = call_with_supported_options(
+            library_function(LESION), request.image, request.lesion_mask, brain_mask=brain,
+            weights=request.weights, device=request.device, seed=request.seed, progress=progress,
+            droppable=droppable, **options)
+        return [as_result_volume(result)]
+    results = call_with_supported_options(
+        library_function(LESION_CONTRASTS), request.images, request.lesion_mask, contrasts, brain_mask=brain,
+        weights=request.weights, device=request.device, seed=request.seed, progress=progress,
+        droppable=droppable, **options)
+    outputs = list(results[0]) if isinstance(results, tuple) else list(results)
+    if len(outputs) != len(request.images):
+        raise AnonMRIError(f"the pipeline returned {len(outputs)} volumes for {len(request.images)} images")
+    return outputs
+
+
+def run_request_outputs(request: AnonymizationRequest, progress: Optional[ProgressCallback] = None):
+    """Run the library for ``request`` (any thread; touches no MRML): ``(output Volumes, brain mask)``,
+    one output per image of the request (:attr:`AnonymizationRequest.images`), each on its image's grid.
 
     The brain mask is the request's (plausibility-checked unless ``check_brain_mask`` is off) or,
     for CP-GAN and the removal methods, computed here first on the request's device, so that it
@@ -252,6 +382,8 @@ def run_request_with_mask(request: AnonymizationRequest, progress: Optional[Prog
     given mask when it accepts one and otherwise decides itself (a skull-stripped input needs none).
     """
     report(progress, 0.0, f"starting {short_method_name(request.operation, request.method)}")
+    if request.other_images and request.operation != LESION:
+        raise InputError("other contrasts of the patient are anonymized by the lesion-preserving method only")
     brain = request.brain_mask
     rest = progress
     if brain is not None and request.check_brain_mask:
@@ -261,43 +393,34 @@ def run_request_with_mask(request: AnonymizationRequest, progress: Optional[Prog
         rest = sub_progress(progress, 0.4, 1.0)
     if request.operation == REMODEL:
         function = library_function(REMODEL)
-        result = call_with_supported_options(
+        outputs = [as_result_volume(call_with_supported_options(
             function, request.image, brain_mask=brain, weights=request.weights,
-            device=request.device, seed=request.seed, progress=rest, **request.options)
+            device=request.device, seed=request.seed, progress=rest, **request.options))]
     elif request.operation == LESION:
-        if request.lesion_mask is None:
-            raise InputError("lesion-preserving anonymization needs a lesion segmentation")
-        function = library_function(LESION)
-        options = dict(request.options)
-        steps = options.pop("sampling_steps", None)
-        exact = bool(options.pop("exact_lesion", False))
-        if steps or exact:  # the panel's "sampling steps" are the lesion pipeline's DDIM steps
-            from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig
-
-            settings: Dict[str, Any] = {"exact_lesion": exact}
-            if steps:
-                settings["steps"] = int(steps)
-            options["config"] = LesionAnonymizationConfig(**settings)
-        result = call_with_supported_options(
-            function, request.image, request.lesion_mask, brain_mask=brain,
-            weights=request.weights, device=request.device, seed=request.seed, progress=rest,
-            droppable=("device", "progress", "brain_mask"), **options)
+        outputs = _run_lesion(request, brain, rest)
     elif request.operation == DEFACE:
         function = library_function(DEFACE)
-        result = call_with_supported_options(
+        outputs = [as_result_volume(call_with_supported_options(
             function, request.image, request.method, brain_mask=brain, progress=rest,
-            seed=request.seed, droppable=("device", "progress", "seed", "weights"), device=request.device)
+            seed=request.seed, droppable=("device", "progress", "seed", "weights"), device=request.device))]
     else:
         raise InputError(f"unknown operation {request.operation!r}")
-    output = as_result_volume(result)
-    if output.shape != request.image.shape:
-        raise AnonMRIError(f"the pipeline returned shape {output.shape}, not the input's {request.image.shape}")
+    for output, image in zip(outputs, request.images):
+        if output.shape != image.shape:
+            raise AnonMRIError(f"the pipeline returned shape {output.shape}, not the input's {image.shape}")
     report(progress, 1.0, "done")
-    return output, brain
+    return outputs, brain
+
+
+def run_request_with_mask(request: AnonymizationRequest, progress: Optional[ProgressCallback] = None):
+    """:func:`run_request_outputs` for one image: ``(output Volume, brain mask)``."""
+    outputs, brain = run_request_outputs(request, progress)
+    return outputs[0], brain
 
 
 def run_request(request: AnonymizationRequest, progress: Optional[ProgressCallback] = None) -> Volume:
-    """Run the library for ``request`` (any thread; touches no MRML) and return the output Volume."""
+    """Run the library for ``request`` (any thread; touches no MRML) and return the output Volume
+    (of the first image)."""
     output, _brain = run_request_with_mask(request, progress)
     release_device_memory()
     return output
@@ -595,6 +718,30 @@ def export_volume(volume: Volume, path) -> str:
     return str(save_volume(volume, path))
 
 
+def other_contrast_volumes(image: Volume, volumeNode, otherNodes: Sequence) -> List[Volume]:
+    """The other contrasts' volumes (world RAS), refused with a clear error unless each is another
+    scalar volume than the input and lies on ``image``'s grid (co-registered and resampled)."""
+    volumes = []
+    seen = {volumeNode.GetID()}
+    for number, node in enumerate(otherNodes, start=1):
+        what = f"other contrast {number}"
+        if node is None or not node.IsA("vtkMRMLScalarVolumeNode"):
+            raise InputError(f"{what} is not a scalar volume")
+        if node.IsA("vtkMRMLLabelMapVolumeNode"):
+            raise InputError(f"{what} is a labelmap, not an image")
+        if node.GetID() in seen:
+            raise InputError(f"{what} is the input volume or another contrast again; choose each volume once")
+        seen.add(node.GetID())
+        volume = mrml.volume_from_node(node)
+        if not volume.same_grid(image):
+            raise InputError(f"{what} does not lie on the input volume's grid (shape {volume.shape} vs "
+                             f"{image.shape}, or another position, spacing or orientation): the contrasts must be "
+                             "co-registered and resampled onto the input's grid first (e.g. Resample Scalar/Vector/"
+                             "DWI Volume with the input as reference)")
+        volumes.append(volume)
+    return volumes
+
+
 def check_weights_path(operation: str, weights: str) -> None:
     """A CP-GAN weights *file* or a lesion weights *folder*; a clear error for the other kind."""
     import os
@@ -620,20 +767,32 @@ class AnonMRILogicCore:
     def prepare(self, method: str, volumeNode, brainMaskNode=None, lesionNode=None, weights=None,
                 device: str = "auto", seed: int = 0, rotations: int = 0, samplingSteps: int = 0,
                 lesionSegments: Optional[Sequence[str]] = None, exactLesion: bool = False,
-                checkBrainMask: bool = True) -> AnonymizationRequest:
-        """Read the input nodes (main thread) into a request for :func:`run_request`.
+                checkBrainMask: bool = True, otherVolumeNodes: Optional[Sequence] = None,
+                contrasts: Optional[Sequence[str]] = None,
+                variationStrength: Optional[float] = None) -> AnonymizationRequest:
+        """Read the input nodes (main thread) into a request for :func:`run_request_outputs`.
 
         ``method``: a Method label (see :func:`method_labels`) or ``remodel`` / ``lesion`` / a
         removal baseline name. ``weights``: None for the bundled model, else a file (CP-GAN) or a
         folder (lesion: ``lesion_vae.safetensors`` + ``lesion_diffusion.safetensors``).
         ``rotations`` (CP-GAN's K) and ``samplingSteps`` (diffusion): 0 = the model's default.
         ``exactLesion``: lesion voxels copied bit for bit. ``checkBrainMask``: refuse a given brain
-        mask that is not plausibly a brain.
+        mask that is not plausibly a brain. Lesion method only: ``otherVolumeNodes``, other
+        contrasts of the patient on the input's grid; ``contrasts``, a name of
+        :func:`contrast_choices` per volume, the input's first (None: from each node's name, else
+        ``"auto"``); ``variationStrength``, the donor prior's learned variation in [0, 1] (None:
+        the library's default).
         """
         operation, removal = parse_method_label(method)
         if volumeNode is None:
             raise InputError("select an input volume")
+        if operation != LESION and (otherVolumeNodes or contrasts or variationStrength is not None):
+            raise InputError("other contrasts, contrast names and the variation strength belong to the "
+                             "lesion-preserving method")
         image = mrml.volume_from_node(volumeNode)
+        otherNodes = list(otherVolumeNodes or [])
+        others = other_contrast_volumes(image, volumeNode, otherNodes)
+        names = self._contrastNames([volumeNode] + otherNodes, contrasts) if operation == LESION else []
         brain = None
         if brainMaskNode is not None and uses_brain_mask(operation):
             brain = mrml.mask_from_node(brainMaskNode, volumeNode, what="brain mask")
@@ -649,27 +808,75 @@ class AnonMRILogicCore:
             options["sampling_steps"] = int(samplingSteps)
         if operation == LESION and exactLesion:
             options["exact_lesion"] = True
+        if operation == LESION and variationStrength is not None:
+            strength = float(variationStrength)
+            if not 0.0 <= strength <= 1.0:
+                raise InputError(f"the learned variation strength must lie in [0, 1], got {strength}")
+            options["variation_strength"] = strength
         weights_path = str(weights) if weights not in (None, "", ".") else None
         if method in REMODEL_PRIORS and weights_path is None:
             options["prior"] = REMODEL_PRIORS[method]
         if weights_path is not None:
             check_weights_path(operation, weights_path)
-        mark_original(volumeNode)
+        for node in [volumeNode] + otherNodes:
+            mark_original(node)
         return AnonymizationRequest(operation=operation, image=image, method=removal, brain_mask=brain,
                                     lesion_mask=lesion, weights=weights_path, device=str(device),
                                     seed=int(seed), options=options, input_node_id=volumeNode.GetID(),
                                     output_name=short_method_name(operation, removal),
-                                    check_brain_mask=bool(checkBrainMask))
+                                    check_brain_mask=bool(checkBrainMask), other_images=others,
+                                    contrasts=names, other_input_node_ids=[node.GetID() for node in otherNodes])
+
+    @staticmethod
+    def _contrastNames(volumeNodes: Sequence, contrasts: Optional[Sequence[str]]) -> List[str]:
+        """A contrast name per volume node: ``contrasts`` checked, or guessed from the node names."""
+        if contrasts is None:
+            return [guess_contrast(node.GetName()) for node in volumeNodes]
+        names = [str(name) for name in contrasts]
+        if len(names) != len(volumeNodes):
+            raise InputError(f"{len(volumeNodes)} volumes but {len(names)} contrast names; give one per volume, "
+                             "the input's first")
+        known = contrast_choices()
+        for name in names:
+            if name not in known:
+                raise InputError(f"unknown contrast {name!r}; choose one of: {', '.join(known)}")
+        return names
 
     # --- step 3: result -> node ------------------------------------------------------------
     def addOutput(self, request: AnonymizationRequest, output: Volume, volumeNode=None):
         """A new volume node holding ``output`` with a neutral name ("Anonymized 1 (CP-GAN)"), under
         the input's transform, in AnonMRI's subject-hierarchy folder."""
+        method_name = request.output_name or short_method_name(request.operation, request.method)
+        return self._addOutputNode(request, output, volumeNode, request.input_node_id, method_name)
+
+    def addOutputs(self, request: AnonymizationRequest, outputs: Sequence[Volume], volumeNode=None) -> List:
+        """One new volume node per output of :func:`run_request_outputs`, in the request's image order,
+        each made from its own input node (its transform; what a DICOM export writes into). With
+        other contrasts the neutral names say the contrast ("Anonymized 2 (lesion-preserving, T2w)";
+        "contrast 2" for ``"auto"``); a single output is named as by :meth:`addOutput`."""
+        if len(outputs) != len(request.images):
+            raise AnonMRIError(f"{len(outputs)} outputs for {len(request.images)} images")
+        if not request.other_images:
+            return [self.addOutput(request, outputs[0], volumeNode)]
+        method_name = request.output_name or short_method_name(request.operation, request.method)
+        node_ids = [request.input_node_id] + list(request.other_input_node_ids)
+        nodes = []
+        for index, (output, contrast) in enumerate(zip(outputs, request.contrast_names())):
+            label = contrast if contrast != AUTO_CONTRAST else f"contrast {index + 1}"
+            nodes.append(self._addOutputNode(request, output, volumeNode if index == 0 else None,
+                                             node_ids[index] if index < len(node_ids) else "",
+                                             f"{method_name}, {label}"))
+        return nodes
+
+    def _addOutputNode(self, request: AnonymizationRequest, output: Volume, volumeNode, volumeNodeID: str,
+                       method_name: str):
+        """The node of one output: "Anonymized <n> (<method_name>)", under ``volumeNode``'s transform
+        (or the node with ``volumeNodeID``), in AnonMRI's subject-hierarchy folder."""
         scene = self.mrmlScene()
-        if volumeNode is None and request.input_node_id:
-            volumeNode = scene.GetNodeByID(request.input_node_id)
+        if volumeNode is None and volumeNodeID:
+            volumeNode = scene.GetNodeByID(volumeNodeID)
         transform = volumeNode.GetParentTransformNode() if volumeNode is not None else None
-        name = neutral_output_name(scene, request.output_name or short_method_name(request.operation, request.method))
+        name = neutral_output_name(scene, method_name)
         node = mrml.add_volume_node(scene, output, name, parent_transform_node=transform)
         mark_result(node, ANONYMIZED_ROLE)
         node.SetAttribute(METHOD_ATTRIBUTE, request.method if request.operation == DEFACE else request.operation)
@@ -693,9 +900,18 @@ class AnonMRILogicCore:
 
     def process(self, method: str, volumeNode, brainMaskNode=None, lesionNode=None,
                 progress: Optional[ProgressCallback] = None, **settings):
-        """prepare -> run -> addOutput in the calling thread; returns the new volume node."""
+        """prepare -> run -> addOutputs in the calling thread; returns the new volume node (with
+        ``otherVolumeNodes``: a list of new nodes, one per input volume, the input's first)."""
         request = self.prepare(method, volumeNode, brainMaskNode, lesionNode, **settings)
-        return self.addOutput(request, run_request(request, progress), volumeNode)
+        outputs, _brain = run_request_outputs(request, progress)
+        release_device_memory()
+        nodes = self.addOutputs(request, outputs, volumeNode)
+        return nodes if request.other_images else nodes[0]
+
+    def inputOf(self, outputNode):
+        """The volume node AnonMRI made ``outputNode`` from (its own contrast), or None."""
+        nodeID = outputNode.GetAttribute(MADE_FROM_ATTRIBUTE) if outputNode is not None else None
+        return self.mrmlScene().GetNodeByID(nodeID) if nodeID else None
 
     # --- export and scene privacy ---------------------------------------------------------------
     def exportAnonymized(self, node, path, originalNode=None,
@@ -760,13 +976,25 @@ class AnonMRILogicCore:
     def anonymizeLesions(self, volumeNode, segmentationNode, brainMaskNode=None, weights=None,
                          device: str = "auto", seed: int = 0, samplingSteps: int = 0,
                          segments: Optional[Sequence[str]] = None, progress: Optional[ProgressCallback] = None,
-                         exactLesion: bool = False, checkBrainMask: bool = True):
+                         exactLesion: bool = False, checkBrainMask: bool = True,
+                         otherVolumeNodes: Optional[Sequence] = None, contrasts: Optional[Sequence[str]] = None,
+                         variationStrength: Optional[float] = None):
         """Lesion-preserving anonymization with the lesion from ``segmentationNode`` (segments: all
         or the names given). ``weights``: None (shipped) or a folder. ``exactLesion``: lesion voxels
-        kept bit for bit. Returns the new volume node."""
+        kept bit for bit. Returns the new volume node.
+
+        ``otherVolumeNodes``: other contrasts of the same patient, co-registered on ``volumeNode``'s
+        grid (BraTS: T1c input, T1, T2, FLAIR), anonymized with it: one placed anatomy in every
+        contrast; then a list of new nodes is returned, one per volume, ``volumeNode``'s first.
+        ``contrasts``: a name per volume, ``volumeNode``'s first ("auto", "T1w", "T1c", "T2w",
+        "PDw", "FLAIR"; None: from each node's name, else "auto"). ``variationStrength``: the donor
+        prior's learned variation in [0, 1] (None: the library's default; 0: the placed donor alone).
+        """
         return self.process(LESION, volumeNode, brainMaskNode, segmentationNode, progress, weights=weights,
                             device=device, seed=seed, samplingSteps=samplingSteps, lesionSegments=segments,
-                            exactLesion=exactLesion, checkBrainMask=checkBrainMask)
+                            exactLesion=exactLesion, checkBrainMask=checkBrainMask,
+                            otherVolumeNodes=otherVolumeNodes, contrasts=contrasts,
+                            variationStrength=variationStrength)
 
     def deface(self, volumeNode, method: str, brainMaskNode=None, progress: Optional[ProgressCallback] = None,
                device: str = "auto", checkBrainMask: bool = True):

@@ -7,7 +7,7 @@ and import neither Qt nor slicer, so they run in ``PythonSlicer`` and in any Pyt
 
 :func:`request_job` / :func:`scores_job` turn a request into ``(entry, volumes, options)``.
 """
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from AnonMRILib.io.volume import Volume
 from AnonMRILib.progress import ProgressCallback, report, sub_progress
@@ -21,12 +21,25 @@ SCORES = "AnonMRIModuleLib.jobs:scores"
 
 #: the request fields that travel as JSON (the Volumes travel as files)
 _REQUEST_FIELDS = ("operation", "method", "weights", "device", "seed", "options", "output_name",
-                   "check_brain_mask")
+                   "check_brain_mask", "contrasts")
+#: job-file keys of the other contrasts' images and outputs: ``other_image_1``, ``other_output_1``, ...
+OTHER_IMAGE_KEY = "other_image_{}"
+OTHER_OUTPUT_KEY = "other_output_{}"
+
+
+def _numbered(mapping: Mapping[str, Any], key_pattern: str) -> List[Any]:
+    """The values under ``key_pattern.format(1)``, ``.format(2)``, ... up to the first missing key."""
+    values = []
+    while key_pattern.format(len(values) + 1) in mapping:
+        values.append(mapping[key_pattern.format(len(values) + 1)])
+    return values
 
 
 def request_job(request: "core.AnonymizationRequest") -> Tuple[str, Dict[str, Volume], Dict[str, Any]]:
     """``(entry, volumes, options)`` of a :class:`~.core.AnonymizationRequest` for a ProcessTask."""
     volumes = {"image": request.image, "brain_mask": request.brain_mask, "lesion_mask": request.lesion_mask}
+    for number, other in enumerate(request.other_images, start=1):
+        volumes[OTHER_IMAGE_KEY.format(number)] = other
     options = {name: getattr(request, name) for name in _REQUEST_FIELDS}
     return ANONYMIZE, {k: v for k, v in volumes.items() if v is not None}, options
 
@@ -35,15 +48,24 @@ def request_from_job(volumes: Mapping[str, Volume], options: Mapping[str, Any]) 
     """The request :func:`request_job` described, rebuilt in the worker."""
     fields = {name: options[name] for name in _REQUEST_FIELDS if name in options}
     return core.AnonymizationRequest(image=volumes["image"], brain_mask=volumes.get("brain_mask"),
-                                     lesion_mask=volumes.get("lesion_mask"), **fields)
+                                     lesion_mask=volumes.get("lesion_mask"),
+                                     other_images=_numbered(volumes, OTHER_IMAGE_KEY), **fields)
+
+
+def outputs_from_result(result: Mapping[str, Any]) -> List[Volume]:
+    """The output Volumes of an :func:`anonymize` result, in the request's image order."""
+    return [result["output"]] + _numbered(result, OTHER_OUTPUT_KEY)
 
 
 def anonymize(volumes: Mapping[str, Volume], options: Mapping[str, Any],
               progress: Optional[ProgressCallback] = None) -> Dict[str, Any]:
-    """The anonymized volume (``output``) and, when it was computed here, the brain mask used."""
+    """The anonymized volume (``output``; other contrasts' outputs ``other_output_1``, ...) and, when
+    it was computed here, the brain mask used."""
     request = request_from_job(volumes, options)
-    output, brain = core.run_request_with_mask(request, progress)
-    result: Dict[str, Any] = {"output": output}
+    outputs, brain = core.run_request_outputs(request, progress)
+    result: Dict[str, Any] = {"output": outputs[0]}
+    for number, output in enumerate(outputs[1:], start=1):
+        result[OTHER_OUTPUT_KEY.format(number)] = output
     if brain is not None and request.brain_mask is None:
         result["brain_mask"] = brain
     core.release_device_memory()

@@ -51,8 +51,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--grade", choices=("LGG", "HGG"), default=None,
                         help="tumour grade to condition on (default: unknown)")
     parser.add_argument("--weights", type=Path, default=None, metavar="FOLDER",
-                        help="folder with lesion_vae.safetensors and lesion_diffusion.safetensors "
-                             "(default: the shipped weights)")
+                        help="folder with lesion_vae.safetensors and lesion_diffusion.safetensors (default: the "
+                             "shipped weights; with the donor prior a prior-conditioned diffusion model)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0): same seed, same output")
     parser.add_argument("--allow-empty-lesion", action="store_true",
                         help="accept a mask without lesion (every slice is then remodeled)")
@@ -78,6 +78,19 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--prior", choices=PRIORS, default="donor",
                         help="donor (default): regenerate the brain on a donor brain placed from the brain and lesion "
                              "masks, in the input's contrast; none: the paper's latent-diffusion generator alone")
+    from ..pipelines.prior_variation import PriorVariationConfig
+    from ..transforms.brain_prior import OUTLINES
+
+    parser.add_argument("--variation", type=float, default=None, metavar="STRENGTH",
+                        help=f"donor prior: strength of the learned variation in [0, 1] (default "
+                             f"{PriorVariationConfig.strength}): the prior's latent is noised to this fraction of the "
+                             "diffusion chain and redrawn by the prior-conditioned latent diffusion model; 0 = the "
+                             "placed donor alone")
+    parser.add_argument("--outline", choices=OUTLINES, default="auto",
+                        help="donor prior: whose brain outline the output has: patient (the donor is deformed onto "
+                             "the brain mask; always so for a whole head), donor (its own outline, affinely placed: "
+                             "a skull-stripped input's outline is regenerated too), auto (default: patient for a "
+                             "head, donor for a brain-only input)")
     parser.add_argument("--contrast", choices=CONTRASTS, default=None,
                         help="the input's sequence (default: from the file name, else auto = from the histogram; "
                              "FLAIR must be named)")
@@ -142,7 +155,15 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{len(others)} --apply-to images but {len(args.apply_to_contrast)} --apply-to-contrast names")
     names = list(args.apply_to_contrast) or [contrast_from_file_name(image) or "auto" for _, image, _ in others]
     contrasts = [args.contrast or contrast_from_file_name(args.input) or "auto"] + names
-    config = LesionAnonymizationConfig(steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",
+    import dataclasses
+
+    from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+    from AnonMRILib.transforms.brain_prior import BrainPriorConfig
+
+    variation = PriorVariationConfig() if args.variation is None else \
+        dataclasses.replace(PriorVariationConfig(), strength=args.variation)
+    config = LesionAnonymizationConfig(variation=variation, brain_prior=BrainPriorConfig(outline=args.outline),
+                                       steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",
                                        repulsion=repulsion, exact_lesion=args.exact_lesion, grade=args.grade,
                                        allow_empty_lesion=args.allow_empty_lesion, input_kind=args.input_kind,
                                        face_method=args.face_method, brain_backend=args.brain_backend,

@@ -15,6 +15,9 @@ from .model_card import sha256_of  # noqa: F401  (re-exported for the training s
 
 VAE_FILE = "lesion_vae.safetensors"
 DIFFUSION_FILE = "lesion_diffusion.safetensors"
+#: the shipped models of the donor-brain prior's learned variation (240 x 240, prior-conditioned
+#: diffusion) live in this sub-folder of the weights folder, under the same two file names
+PRIOR_FOLDER = "lesion_prior"
 PathLike = Union[str, Path]
 
 
@@ -80,8 +83,9 @@ def load_lesion_diffusion(path: PathLike, device="cpu") -> Tuple[object, float, 
     return model.to(device).eval(), float(metadata.get("latent_scale", 1.0)), float(metadata.get("latent_shift", 0.0))
 
 
-def resolve_weights(weights: Optional[PathLike]) -> Tuple[Path, Path]:
-    """(VAE file, diffusion file) from a folder holding both, or the shipped weights when None.
+def resolve_weights(weights: Optional[PathLike], prior: bool = False) -> Tuple[Path, Path]:
+    """(VAE file, diffusion file) from a folder holding both, or the shipped weights when None
+    (``prior``: the donor-brain prior's models, :data:`PRIOR_FOLDER`; else the paper generator's).
 
     The shipped files are found by :func:`AnonMRILib.weights_store.resolve_weights_file` (package,
     ``$ANONMRI_WEIGHTS_DIR``, user cache, download), each verified against the manifest.
@@ -89,8 +93,9 @@ def resolve_weights(weights: Optional[PathLike]) -> Tuple[Path, Path]:
     if weights is None:
         from ..weights_store import resolve_weights_file
 
-        return (resolve_weights_file(VAE_FILE, what="lesion VAE weights"),
-                resolve_weights_file(DIFFUSION_FILE, what="lesion diffusion weights"))
+        prefix, what = (PRIOR_FOLDER + "/", "lesion prior ") if prior else ("", "lesion ")
+        return (resolve_weights_file(prefix + VAE_FILE, what=what + "VAE weights"),
+                resolve_weights_file(prefix + DIFFUSION_FILE, what=what + "diffusion weights"))
     folder = Path(weights)
     if not folder.is_dir():
         raise WeightsError(f"weights folder {folder} does not exist (it must hold {VAE_FILE} and {DIFFUSION_FILE})")

@@ -62,6 +62,7 @@ from ..errors import InputError, InvariantError
 from ..io.volume import Volume, require_same_grid
 from ..progress import ProgressCallback, report, sub_progress
 from ..transforms.brain_prior import CONTRASTS, BrainPriorConfig
+from .prior_variation import PriorVariationConfig
 
 if TYPE_CHECKING:  # torch is imported lazily (import time on a busy CPU)
     import torch
@@ -213,6 +214,7 @@ class LesionAnonymizationConfig:
     prior: str = "donor"
     contrast: str = "auto"
     brain_prior: BrainPriorConfig = BrainPriorConfig()
+    variation: PriorVariationConfig = PriorVariationConfig()
     edge_blend_px: int = 2
 
     def __post_init__(self) -> None:
@@ -237,13 +239,14 @@ class LesionModels:
         return int(self.autoencoder.config.image_size)
 
 
-def load_lesion_models(weights=None, device: str = "auto") -> LesionModels:
-    """Networks from a folder with lesion_vae/lesion_diffusion safetensors (None: the package's)."""
+def load_lesion_models(weights=None, device: str = "auto", prior: bool = False) -> LesionModels:
+    """Networks from a folder with lesion_vae/lesion_diffusion safetensors (None: the package's;
+    ``prior``: the donor-brain prior's 240 x 240 models with the prior-conditioned diffusion model)."""
     from ..device import resolve_device
     from ..models.lesion_weights import load_lesion_diffusion, load_lesion_vae, resolve_weights
 
     torch_device = resolve_device(device)
-    vae_path, diffusion_path = resolve_weights(weights)
+    vae_path, diffusion_path = resolve_weights(weights, prior=prior)
     autoencoder = load_lesion_vae(vae_path, torch_device)
     diffusion, scale, shift = load_lesion_diffusion(diffusion_path, torch_device)
     if diffusion.config.image_size != autoencoder.config.image_size:
@@ -840,10 +843,10 @@ def anonymize_lesion_contrasts(volumes: Sequence[Volume], lesion_mask: Volume, c
     timings["brain_mask"] = time.perf_counter() - clock
     clock = time.perf_counter()
     models = None
-    if not config.exact_lesion:
-        models = weights if isinstance(weights, LesionModels) else load_lesion_models(weights, device)
-    brains, prior_details = generate_on_brain_prior(volumes, lesion_input, brain_input, contrasts, config, models,
-                                                    seed, sub_progress(progress, 0.2, 0.85))
+    if not config.exact_lesion or config.variation.strength > 0:
+        models = weights if isinstance(weights, LesionModels) else load_lesion_models(weights, device, prior=True)
+    brains, prior_details, region = generate_on_brain_prior(volumes, lesion_input, brain_input, contrasts, config,
+                                                            models, seed, sub_progress(progress, 0.2, 0.85), kind)
     details.update(prior_details)
     timings["generation"] = time.perf_counter() - clock
     clock = time.perf_counter()
@@ -871,9 +874,9 @@ def anonymize_lesion_contrasts(volumes: Sequence[Volume], lesion_mask: Volume, c
                 band = (weight > 0) & ~brain_input
                 result[band] = cast_to_dtype(weight[band] * generated[band] + (1.0 - weight[band]) * result[band],
                                              volume.dtype)
-        else:
-            result = np.array(data, copy=True)
-        result[brain_input] = cast_to_dtype(generated[brain_input], volume.dtype)
+        else:  # brain only: the output's brain is the regenerated region (the donor's outline by default)
+            result = np.full(data.shape, data.min(), dtype=data.dtype)
+        result[region] = cast_to_dtype(generated[region], volume.dtype)
         if config.exact_lesion:
             result[lesion_input] = data[lesion_input]
             if not np.array_equal(result[lesion_input], data[lesion_input]):

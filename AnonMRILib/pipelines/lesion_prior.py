@@ -69,15 +69,22 @@ def _enhancing_fraction_on_grid(prior: np.ndarray, region: np.ndarray, threshold
 
 
 def render_contrast(placement, statistics, image: Volume, region: np.ndarray, interior: np.ndarray, prior_config,
-                    seed: int, tail_threshold: Optional[float]) -> Tuple[np.ndarray, Dict[str, float]]:
+                    seed: int, tail_threshold: Optional[float], canonical: Optional[np.ndarray] = None
+                    ) -> Tuple[np.ndarray, Dict[str, float]]:
     """T_b of one contrast on ``image``'s grid (float32) over ``region``, with the enhancement
     calibration of the module docstring (step 3), measured over ``interior``, when ``statistics``
-    has an enhancing tail. The correction at most quadruples the donor fraction."""
+    has an enhancing tail. The correction at most quadruples the donor fraction. ``canonical``: the
+    (varied) canonical prior on that grid, rendered instead of the donor (:func:`render_varied`)."""
     import dataclasses
 
     from ..transforms.brain_prior import render_brain_prior
 
-    prior = np.asarray(render_brain_prior(placement, statistics, image, region, prior_config, seed).array)
+    def render(stats) -> np.ndarray:
+        if canonical is not None:
+            return render_varied(canonical, placement, stats, image, region, prior_config, seed)
+        return np.asarray(render_brain_prior(placement, stats, image, region, prior_config, seed).array)
+
+    prior = render(statistics)
     details: Dict[str, float] = {}
     if statistics.enhancing is None or tail_threshold is None:
         return prior, details
@@ -85,11 +92,28 @@ def render_contrast(placement, statistics, image: Volume, region: np.ndarray, in
     wanted = statistics.enhancing_fraction
     details.update({"enhancing_fraction_input": round(wanted, 4), "enhancing_fraction_first": round(reached, 4)})
     if reached > 0 and abs(reached / wanted - 1.0) > 0.2:
-        corrected = dataclasses.replace(statistics, enhancing_fraction=wanted * min(wanted / reached, 4.0))
-        prior = np.asarray(render_brain_prior(placement, corrected, image, region, prior_config, seed).array)
+        prior = render(dataclasses.replace(statistics, enhancing_fraction=wanted * min(wanted / reached, 4.0)))
         reached = _enhancing_fraction_on_grid(prior, interior, tail_threshold)
     details["enhancing_fraction_output"] = round(reached, 4)
     return prior, details
+
+
+def render_varied(canonical: np.ndarray, placement, statistics, image: Volume, region: np.ndarray, prior_config,
+                  seed: int) -> np.ndarray:
+    """T_b of one contrast from the (varied) canonical prior on ``image``'s grid: its values rendered
+    in the patient's contrast (:func:`~AnonMRILib.transforms.brain_prior.render_tissue_values`), the
+    enhancing sites of a post-contrast input carried from the donor through the placement (slab
+    fraction f: ``(1 - f) tissue + f enhancement``). float32."""
+    from ..transforms.brain_prior import enhancement_image, render_tissue_values, resample_placed
+
+    out = render_tissue_values(canonical, placement.donor.card, statistics, prior_config)
+    enhancement = enhancement_image(placement.donor, statistics, prior_config, seed)
+    if enhancement is not None:
+        intensity, sites = enhancement
+        value = resample_placed(placement, intensity, image, region, prior_config)
+        fraction = resample_placed(placement, sites, image, region, prior_config)
+        out = (1.0 - fraction) * out + value
+    return out.astype(np.float32)
 
 
 def feather_from_lesion(prior: np.ndarray, image: np.ndarray, lesion: np.ndarray, brain: np.ndarray,
@@ -158,47 +182,79 @@ def decode_lesion_slices(models, priors: np.ndarray, image: np.ndarray, lesion: 
     return out
 
 
+def training_window(brain_values: np.ndarray) -> Tuple[float, float]:
+    """The intensity window mapped to [0, 1] for the networks: the brain's minimum to 0 and its 99th
+    percentile to :data:`~AnonMRILib.pipelines.prior_variation.TRAINING_P99`, as in the training slices."""
+    from .prior_variation import TRAINING_P99
+
+    values = np.asarray(brain_values, dtype=np.float64)
+    low = float(values.min()) if values.size else 0.0
+    high = float(np.percentile(values, 99.0)) if values.size else 1.0
+    return low, low + max(high - low, 1e-6) / TRAINING_P99
+
+
 #: voxels around the brain's bounding box that the generation works on (the edge and feather bands)
 BOX_MARGIN_VOXELS = 6
+#: with the donor's outline, the box reaches at least this far (mm) beyond the patient's brain
+DONOR_OUTLINE_MARGIN_MM = 20.0
+
+
+def resolve_outline(outline: str, kind: str) -> str:
+    """``"patient"`` or ``"donor"`` from a :attr:`BrainPriorConfig.outline` setting and the input kind
+    (``"head"`` or ``"brain"``): a whole head's brain must fit its skull, so it is always the patient's."""
+    if kind == "head":
+        return "patient"
+    return "donor" if outline == "auto" else outline
 
 
 def generate_on_brain_prior(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.ndarray,
                             contrasts: Sequence[str], config, models=None, seed: int = 0,
-                            progress: Optional[ProgressCallback] = None) -> Tuple[List[np.ndarray], Dict]:
-    """Regenerated brains (float64 arrays on the input grid, one per contrast; only ``brain`` voxels
-    and a few around them are meant to be used) and details. ``lesion``, ``brain`` bool arrays of the
-    shared grid (``brain`` includes the lesion); ``config`` a
+                            progress: Optional[ProgressCallback] = None, kind: str = "head"
+                            ) -> Tuple[List[np.ndarray], Dict, np.ndarray]:
+    """Regenerated brains (float64 arrays on the input grid, one per contrast; only the returned
+    region's voxels and a few around them are meant to be used), details, and the output's brain
+    region (bool; ``brain`` with the patient's outline, the placed donor's brain joined with the
+    lesion with the donor's, :func:`resolve_outline`). ``lesion``, ``brain`` bool arrays of the shared
+    grid (``brain`` includes the lesion); ``config`` a
     :class:`~AnonMRILib.pipelines.lesion.LesionAnonymizationConfig`; ``models`` the lesion networks
-    (needed unless ``config.exact_lesion``). Works on the brain's bounding box plus
-    :data:`BOX_MARGIN_VOXELS` (0 outside it)."""
+    (needed unless ``config.exact_lesion`` and no learned variation); ``kind`` the input kind. Works on
+    the brain's bounding box plus a margin (0 outside it)."""
     if not brain.any():
         raise InputError("the brain region is empty")
     if len(contrasts) != len(volumes):
         raise InputError("give one contrast name per image")
+    outline = resolve_outline(config.brain_prior.outline, kind)
     corners = np.argwhere(brain)
-    margin = BOX_MARGIN_VOXELS + max(int(config.edge_blend_px), int(config.feather_px))
+    margin = np.full(3, BOX_MARGIN_VOXELS + max(int(config.edge_blend_px), int(config.feather_px)))
+    if outline == "donor":
+        spacing = np.asarray(volumes[0].spacing, dtype=np.float64)
+        margin = np.maximum(margin, np.ceil(DONOR_OUTLINE_MARGIN_MM / spacing).astype(int))
     low = np.maximum(corners.min(axis=0) - margin, 0)
     high = np.minimum(corners.max(axis=0) + margin + 1, brain.shape)
     box = tuple(slice(int(a), int(b)) for a, b in zip(low, high))
-    boxed, details = _generate_in_box([v.cropped(box) for v in volumes], lesion[box], brain[box], contrasts, config,
-                                      models, seed, progress)
+    boxed, details, boxed_region = _generate_in_box([v.cropped(box) for v in volumes], lesion[box], brain[box],
+                                                    contrasts, config, models, seed, progress, outline)
     outputs = []
     for volume, generated in zip(volumes, boxed):
         full = np.zeros(volume.shape, dtype=np.float64)
         full[box] = generated
         outputs.append(full)
-    return outputs, details
+    region = np.zeros(brain.shape, dtype=bool)
+    region[box] = boxed_region
+    return outputs, details, region
 
 
 def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.ndarray, contrasts: Sequence[str],
-                     config, models, seed: int, progress: Optional[ProgressCallback]) -> Tuple[List[np.ndarray], Dict]:
+                     config, models, seed: int, progress: Optional[ProgressCallback], outline: str
+                     ) -> Tuple[List[np.ndarray], Dict, np.ndarray]:
     """:func:`generate_on_brain_prior` on volumes cropped to the brain's box."""
-    from ..datasets.slices import intensity_window
-    from ..transforms.brain_prior import (classify_patient_tissues, guess_tissue_order, is_t1_like,
-                                          place_brain_prior, tissue_statistics, bright_tail_threshold)
-    from .lesion import axial_layout, feather_weights, from_ras_layout, to_ras_layout
+    from ..transforms.brain_prior import (canonical_csf_level, classify_patient_tissues, guess_tissue_order,
+                                          is_t1_like, place_brain_prior, placed_brain_mask, resample_placed,
+                                          tissue_statistics, bright_tail_threshold)
+    from .lesion import axial_layout, feather_weights, from_ras_layout, grade_index, to_ras_layout
 
     prior_config = config.brain_prior
+    variation = config.variation
     reference = volumes[0]
     report(progress, 0.0, "brain prior: tissue classes")
     tissues = classify_patient_tissues(reference, brain, lesion, contrasts[0], prior_config)
@@ -206,14 +262,36 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
     details: Dict = {"prior": "donor", "tissue_order": [tissues.described]}
     placement = place_brain_prior(reference.with_array(brain.astype(np.uint8)),
                                   reference.with_array(lesion.astype(np.uint8)), seed=seed, config=prior_config,
-                                  progress=sub_progress(progress, 0.05, 0.35))
+                                  progress=sub_progress(progress, 0.05, 0.3), outline=outline)
     details.update({"donor": placement.donor.name, **placement.details})
+    region = brain
+    if outline == "donor":
+        region = placed_brain_mask(placement, reference, np.ones(brain.shape, bool), prior_config) | lesion
+        if not region.any():
+            raise InputError("the placed donor brain misses the image; check the brain mask")
     layout = axial_layout(reference.affine)
+    order_, flips = layout
     slice_axis = layout[0][2]
+    canonical = None
+    if variation.strength > 0:
+        from .prior_variation import require_prior_models, vary_prior
+
+        require_prior_models(models)
+        report(progress, 0.3, "brain prior: learned variation")
+        canonical = resample_placed(placement, np.asarray(placement.donor.t1.array, np.float32), reference, region,
+                                    prior_config, canonical_csf_level(placement.donor))
+        spacing = np.asarray(reference.spacing)[list(order_)]
+        grade = grade_index(config.grade, models.diffusion.config.num_classes)
+        varied = vary_prior(*(to_ras_layout(a, order_, flips) for a in (canonical, lesion, region)), spacing, models,
+                            variation, seed, grade, sub_progress(progress, 0.3, 0.5))
+        canonical = np.ascontiguousarray(from_ras_layout(varied, order_, flips))
+        details["variation_strength"] = variation.strength
     outputs = []
     reference_region = brain & (labels > 0)
+    start = 0.5 if canonical is not None else 0.3
     for index, (volume, contrast) in enumerate(zip(volumes, contrasts)):
-        part = sub_progress(progress, 0.35 + 0.5 * index / len(volumes), 0.35 + 0.5 * (index + 1) / len(volumes))
+        part = sub_progress(progress, start + (0.95 - start) * index / len(volumes),
+                            start + (0.95 - start) * (index + 1) / len(volumes))
         report(part, 0.0, f"brain prior: contrast {index + 1} of {len(volumes)}")
         if index == 0:
             image_order = order
@@ -226,31 +304,30 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
             image_order = CONTRAST_ORDERS[contrast]
             details["tissue_order"].append(contrast)
         bright = is_t1_like(image_order)
-        statistics = tissue_statistics(volume, tissues, prior_config, bright_tail=bright)
+        statistics = tissue_statistics(volume, tissues, prior_config, bright_tail=bright, reference=index == 0)
         data = np.asarray(volume.array, dtype=np.float64)
         threshold = bright_tail_threshold(data[labels > 0], prior_config.enhancing_mad) if bright else None
-        prior, enhancement = render_contrast(placement, statistics, volume, brain, tissues.interior & ~lesion,
-                                             prior_config, seed + index, threshold)
+        prior, enhancement = render_contrast(placement, statistics, volume, region, tissues.interior & ~lesion,
+                                             prior_config, seed + index, threshold, canonical)
         report(part, 0.6, "brain prior: noise and sharpness")
         texture: Dict[str, float] = {}
         if prior_config.match_texture:
-            prior, texture = match_texture(prior, data, brain & ~lesion, reference_region & ~lesion, slice_axis,
+            prior, texture = match_texture(prior, data, region & ~lesion, reference_region & ~lesion, slice_axis,
                                            seed + index)
         details.setdefault("contrasts", []).append({**texture, **enhancement})
         if not config.exact_lesion:
             if models is None:
                 raise InputError("regenerating the lesion from its latent needs the lesion networks")
-            order_, flips = layout
-            ras = [to_ras_layout(a, order_, flips) for a in (prior, data, lesion, brain)]
+            ras = [to_ras_layout(a, order_, flips) for a in (prior, data, lesion, region)]
             spacing = np.asarray(volume.spacing)[list(order_)]
-            window = intensity_window(np.where(brain, data, data.min()))
+            window = training_window(data[brain])
             decoded = decode_lesion_slices(models, ras[0], ras[1], ras[2], ras[3], spacing, window,
                                            batch_size=config.batch_size)
             weight = np.moveaxis(feather_weights(np.moveaxis(ras[2], -1, 0), config.feather_px), 0, -1)
             blended = weight * decoded + (1.0 - weight) * ras[0]
             prior = from_ras_layout(blended, order_, flips)
         elif config.feather_px > 0 and lesion.any():
-            prior = feather_from_lesion(prior, data, lesion, brain, slice_axis, config.feather_px)
+            prior = feather_from_lesion(prior, data, lesion, region, slice_axis, config.feather_px)
         outputs.append(np.asarray(prior, dtype=np.float64))
     report(progress, 1.0, "brain prior: done")
-    return outputs, details
+    return outputs, details, region

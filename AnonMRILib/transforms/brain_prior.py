@@ -84,6 +84,8 @@ CONTRAST_ORDERS = {
     "FLAIR": ("csf", "white", "grey"),
 }
 CONTRASTS = ("auto",) + tuple(CONTRAST_ORDERS)
+#: whose brain outline the output has (:attr:`BrainPriorConfig.outline`)
+OUTLINES = ("auto", "patient", "donor")
 #: the files of one donor, by kind (``<name>_<kind>.nii.gz``)
 DONOR_FILES = ("T1w", "brain_mask", "tissues", "vessels")
 
@@ -114,11 +116,18 @@ class BrainPriorConfig:
     donors: Optional[Tuple[str, ...]] = None
     mirror: bool = True
     donor_dir: Path = field(default=DONOR_DIR)
+    #: whose brain outline the output has: "patient" (the donor is deformed onto the patient's brain
+    #: mask: a whole head's brain must fit its skull), "donor" (affine placement only, plus the seeded
+    #: variation: a skull-stripped input's outline is regenerated too, as in the paper), or "auto"
+    #: (patient for whole heads, donor for brain-only inputs)
+    outline: str = "auto"
 
     def __post_init__(self) -> None:
         if len(self.demons_spacings_mm) != len(self.demons_iterations) \
                 or len(self.demons_spacings_mm) != len(self.demons_smoothing_mm):
             raise InputError("demons_spacings_mm, demons_iterations and demons_smoothing_mm need one entry per level")
+        if self.outline not in OUTLINES:
+            raise InputError(f"outline must be one of {', '.join(OUTLINES)}, got {self.outline!r}")
         if min(self.registration_spacing_mm, self.distance_clip_mm, self.slab_sample_mm) <= 0 \
                 or min(self.variation_mm, self.mass_effect_fraction, self.lesion_exclusion_mm) < 0:
             raise InputError("the brain-prior spacings and distances must be positive")
@@ -344,12 +353,21 @@ def classify_patient_tissues(image: Volume, brain: np.ndarray, lesion: np.ndarra
     return PatientTissues(labels, classified, by_name, tuple(order), described, interior & (labels > 0))
 
 
+#: a co-registered contrast's class statistics use the voxels the reference classifies at least this surely
+CONFIDENT_MEMBERSHIP = 0.9
+
+
 def tissue_statistics(image: Volume, tissues: PatientTissues, config: Optional["BrainPriorConfig"] = None,
-                      bright_tail: bool = True) -> TissueStatistics:
-    """Per-class intensity quantiles of ``image`` (the reference contrast or a co-registered one):
-    each class's membership-weighted mean and deviation over the classified voxels, as Gaussian
-    quantiles at levels 0.5 % ... 99.5 %; with ``bright_tail`` (a T1-like contrast) the enhancing
-    tail above :func:`bright_tail_threshold`, as a fraction of the interior (``tissues.interior``)."""
+                      bright_tail: bool = True, reference: bool = True) -> TissueStatistics:
+    """Per-class intensity quantiles of ``image`` (the reference contrast or, ``reference=False``, a
+    co-registered one): each class's membership-weighted mean and deviation over the classified
+    voxels, as Gaussian quantiles at levels 0.5 % ... 99.5 %; with ``bright_tail`` (a T1-like contrast)
+    the enhancing tail above :func:`bright_tail_threshold`, as a fraction of the interior
+    (``tissues.interior``). The reference's memberships are its own mixture's posteriors, so its soft
+    weights give its classes' moments; another contrast uses only the voxels the reference classifies
+    with membership >= :data:`CONFIDENT_MEMBERSHIP` (all, where a class has fewer than 50): soft weights
+    there mix in the reference's uncertain voxels (partial volume, low grey-white contrast), which
+    pulled a T2's CSF level halfway to white matter's (CSF / white 1.2 for an input's 2.5)."""
     from scipy.special import ndtri
 
     config = config or BrainPriorConfig()
@@ -359,6 +377,10 @@ def tissue_statistics(image: Volume, tissues: PatientTissues, config: Optional["
     quantiles = {}
     for index, tissue in enumerate(TISSUES):
         weight = tissues.memberships[index].astype(np.float64)
+        if not reference:
+            confident = weight >= CONFIDENT_MEMBERSHIP
+            if confident.sum() >= 50:
+                weight = confident.astype(np.float64)
         total = float(weight.sum())
         if total < 10:
             raise InputError(f"too few {tissue} voxels in the brain to measure its intensity")
@@ -433,30 +455,59 @@ def enhancing_sites(donor: Donor, fraction: float, config: BrainPriorConfig, see
     return ranks
 
 
+def render_tissue_values(values: np.ndarray, card: dict, statistics: TissueStatistics,
+                         config: BrainPriorConfig = BrainPriorConfig()) -> np.ndarray:
+    """Donor T1 ``values`` (any shape; the donor's units, e.g. the placed or varied canonical prior)
+    in the patient's contrast: ``sum_c p_c(v) Q_c(v)``, soft memberships under the donor's mixture
+    times the per-class map from the donor's class distribution to the patient's quantiles (module
+    docstring, rendering). float64."""
+    from scipy.special import ndtri
+
+    values = np.asarray(values, np.float64)
+    memberships = _memberships(values, card)
+    mixture = donor_mixture(card)
+    levels = np.linspace(0.005, 0.995, config.quantile_levels)
+    rendered = np.zeros(values.shape, np.float64)
+    for k, tissue in enumerate(TISSUES):
+        # the donor's class k as a Gaussian -> the patient's class quantiles (linear within the class)
+        donor_quantiles = mixture[k, 0] + mixture[k, 1] * ndtri(levels)
+        rendered += memberships[k] * _quantile_map(values, donor_quantiles, statistics.quantiles[tissue])
+    return rendered
+
+
+def enhancement_image(donor: Donor, statistics: TissueStatistics, config: BrainPriorConfig = BrainPriorConfig(),
+                      seed: int = 0) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """(enhancing intensity at the sites, 0 elsewhere; site indicator) on the donor's grid, float32, for
+    a contrast with an enhancing tail (None otherwise): :func:`enhancing_sites` given the patient's
+    enhancing intensities by rank."""
+    if statistics.enhancing is None:
+        return None
+    ranks = enhancing_sites(donor, statistics.enhancing_fraction, config, seed)
+    sites = ranks > 0
+    levels = np.linspace(0.0, 1.0, len(statistics.enhancing))
+    intensity = np.zeros(ranks.shape, np.float32)
+    intensity[sites] = np.interp(ranks[sites], levels, statistics.enhancing)
+    return intensity, sites.astype(np.float32)
+
+
 def render_donor(donor: Donor, statistics: TissueStatistics, config: BrainPriorConfig = BrainPriorConfig(),
                  seed: int = 0) -> Volume:
     """The donor's brain in the patient's contrast (float32, patient units, donor grid); outside the
     donor's brain mask the patient's CSF level (module docstring, rendering)."""
-    from scipy.special import ndtri
-
     values = np.asarray(donor.t1.array, np.float64)
     brain = np.asarray(donor.brain.array) != 0
-    memberships = _memberships(values[brain], donor.card)
-    mixture = donor_mixture(donor.card)
-    levels = np.linspace(0.005, 0.995, config.quantile_levels)
-    rendered = np.zeros(brain.sum(), np.float64)
-    for k, tissue in enumerate(TISSUES):
-        # the donor's class k as a Gaussian -> the patient's class quantiles (linear within the class)
-        donor_quantiles = mixture[k, 0] + mixture[k, 1] * ndtri(levels)
-        rendered += memberships[k] * _quantile_map(values[brain], donor_quantiles, statistics.quantiles[tissue])
     out = np.full(values.shape, statistics.csf_level(), np.float32)
-    out[brain] = rendered
-    if statistics.enhancing is not None:
-        ranks = enhancing_sites(donor, statistics.enhancing_fraction, config, seed)
-        sites = ranks > 0
-        levels = np.linspace(0.0, 1.0, len(statistics.enhancing))
-        out[sites] = np.interp(ranks[sites], levels, statistics.enhancing)
+    out[brain] = render_tissue_values(values[brain], donor.card, statistics, config)
+    enhancement = enhancement_image(donor, statistics, config, seed)
+    if enhancement is not None:
+        intensity, sites = enhancement
+        out[sites > 0] = intensity[sites > 0]
     return donor.t1.with_array(out)
+
+
+def canonical_csf_level(donor: Donor) -> float:
+    """The donor's CSF mean (its T1 units): the canonical prior's value outside the donor's brain."""
+    return float(donor_mixture(donor.card)[0, 0])
 
 
 # ------------------------------------------------------------------------------------------- placement
@@ -519,9 +570,13 @@ def mass_effect_field(lesion_distance: np.ndarray, spacing_mm: float, config: Br
 
 def place_brain_prior(brain_mask: Volume, lesion_mask: Volume, seed: int = 0,
                       config: BrainPriorConfig = BrainPriorConfig(), bank: Optional[Sequence[Donor]] = None,
-                      progress: Optional[ProgressCallback] = None) -> BrainPlacement:
+                      progress: Optional[ProgressCallback] = None, outline: str = "patient") -> BrainPlacement:
     """Pick a donor by ``seed`` and place it on the patient from the brain mask (joined with the
-    lesion) and the lesion mask alone (module docstring, placement). Both masks on the input grid."""
+    lesion) and the lesion mask alone (module docstring, placement). Both masks on the input grid.
+    ``outline="donor"``: affine placement only (no demons) and the variation not faded at the edge,
+    so the placed brain keeps the donor's own outline, varied by the seed (module docstring)."""
+    if outline not in ("patient", "donor"):
+        raise InputError(f"outline must be 'patient' or 'donor', got {outline!r}")
     import SimpleITK as sitk
 
     from .anatomical_prior import affine_fit, demons_field, registration_grid, signed_distances
@@ -549,11 +604,15 @@ def place_brain_prior(brain_mask: Volume, lesion_mask: Volume, seed: int = 0,
     affine_transform = affine_fit(fixed, moving, what="the brain prior")
     moved = sitk.Resample(moving, fixed, affine_transform, sitk.sitkLinear, -1.0, sitk.sitkFloat32)
     report(progress, 0.4, "brain prior: deformation onto the brain outline")
-    demons = demons_field(fixed, moved, config.demons_spacings_mm, config.demons_iterations,
-                          config.demons_smoothing_mm)
-    demons_transform = sitk.DisplacementFieldTransform(sitk.Cast(demons, sitk.sitkVectorFloat64))
+    if outline == "patient":
+        demons = demons_field(fixed, moved, config.demons_spacings_mm, config.demons_iterations,
+                              config.demons_smoothing_mm)
+        demons_transform = sitk.DisplacementFieldTransform(sitk.Cast(demons, sitk.sitkVectorFloat64))
+    else:  # the donor's own outline: no deformation onto the patient's
+        demons_transform = sitk.Transform(3, sitk.sitkIdentity)
     report(progress, 0.7, "brain prior: variation and mass effect")
-    fade = np.clip(brain_distance / config.edge_fade_mm, 0.0, 1.0)[..., None] if config.edge_fade_mm > 0 else 1.0
+    fade = np.clip(brain_distance / config.edge_fade_mm, 0.0, 1.0)[..., None] \
+        if config.edge_fade_mm > 0 and outline == "patient" else 1.0
     variation = variation_field(shape, spacing, config, seed) * fade
     mass, radius = mass_effect_field(lesion_distance, spacing, config)
     mass = mass * fade
@@ -564,8 +623,8 @@ def place_brain_prior(brain_mask: Volume, lesion_mask: Volume, seed: int = 0,
     placed = sitk.GetArrayFromImage(moved_mask).transpose(2, 1, 0) >= 0.5
     inside = brain_distance > 0
     dice = 2.0 * float((placed & inside).sum()) / max(float(placed.sum() + inside.sum()), 1.0)
-    details = {"mask_dice_registration_grid": round(dice, 4), "mass_effect_radius_mm": round(radius, 2),
-               "variation_rms_mm": float(config.variation_mm)}
+    details = {"outline": outline, "mask_dice_registration_grid": round(dice, 4),
+               "mass_effect_radius_mm": round(radius, 2), "variation_rms_mm": float(config.variation_mm)}
     report(progress, 1.0, "brain prior placed")
     return BrainPlacement(donor, chain, index, mirror, details)
 
@@ -588,28 +647,44 @@ def _slab_reference(volume: Volume, region: Tuple[slice, ...], sample_mm: float)
     return numpy_to_simpleitk(np.zeros(shape, np.uint8), affine), factors
 
 
-def render_brain_prior(placement: BrainPlacement, statistics: TissueStatistics, reference: Volume,
-                       region: np.ndarray, config: BrainPriorConfig = BrainPriorConfig(), seed: int = 0) -> Volume:
-    """T_b on ``reference``'s grid (float32 Volume, the patient's units; ``statistics.csf_level()``
-    outside the bounding box of ``region``, a bool array on that grid): the donor rendered in the
-    contrast of ``statistics`` and resampled through the placement, slab-averaged on thick axes."""
+def resample_placed(placement: BrainPlacement, donor_array: np.ndarray, reference: Volume, region: np.ndarray,
+                    config: BrainPriorConfig = BrainPriorConfig(), default: float = 0.0) -> np.ndarray:
+    """An array on the donor's grid (``placement.donor``'s) carried onto ``reference``'s grid through
+    the placement (linear), slab-averaged along thick axes (module docstring, resampling), over the
+    bounding box of ``region`` plus 2 voxels; ``default`` elsewhere (float32)."""
     import SimpleITK as sitk
 
     from ..io.writers import numpy_to_simpleitk
 
-    rendered = render_donor(placement.donor, statistics, config, seed)
     box = np.argwhere(region)
     if box.size == 0:
         raise InputError("the brain region is empty; nothing to render")
     low, high = np.maximum(box.min(0) - 2, 0), np.minimum(box.max(0) + 3, reference.shape)
     crop = tuple(slice(int(a), int(b)) for a, b in zip(low, high))
     grid, factors = _slab_reference(reference, crop, config.slab_sample_mm)
-    csf = statistics.csf_level()
-    moving = numpy_to_simpleitk(np.asarray(rendered.array, np.float32), rendered.affine)
-    sampled = sitk.GetArrayFromImage(sitk.Resample(moving, grid, placement.transform, sitk.sitkLinear, csf,
+    moving = numpy_to_simpleitk(np.asarray(donor_array, np.float32), placement.donor.t1.affine)
+    sampled = sitk.GetArrayFromImage(sitk.Resample(moving, grid, placement.transform, sitk.sitkLinear, float(default),
                                                    sitk.sitkFloat32)).transpose(2, 1, 0)
     sizes = [c.stop - c.start for c in crop]
     sampled = sampled.reshape(sizes[0], factors[0], sizes[1], factors[1], sizes[2], factors[2]).mean(axis=(1, 3, 5))
-    out = np.full(reference.shape, np.float32(csf), np.float32)
+    out = np.full(reference.shape, np.float32(default), np.float32)
     out[crop] = sampled
-    return reference.with_array(out)
+    return out
+
+
+def placed_brain_mask(placement: BrainPlacement, reference: Volume, region: np.ndarray,
+                      config: BrainPriorConfig = BrainPriorConfig()) -> np.ndarray:
+    """The placed donor's brain on ``reference``'s grid (bool: slab-averaged fraction >= 0.5), over the
+    bounding box of ``region`` (:func:`resample_placed`)."""
+    fraction = resample_placed(placement, np.asarray(placement.donor.brain.array) != 0, reference, region, config)
+    return fraction >= 0.5
+
+
+def render_brain_prior(placement: BrainPlacement, statistics: TissueStatistics, reference: Volume,
+                       region: np.ndarray, config: BrainPriorConfig = BrainPriorConfig(), seed: int = 0) -> Volume:
+    """T_b on ``reference``'s grid (float32 Volume, the patient's units; ``statistics.csf_level()``
+    outside the bounding box of ``region``, a bool array on that grid): the donor rendered in the
+    contrast of ``statistics`` and resampled through the placement, slab-averaged on thick axes."""
+    rendered = render_donor(placement.donor, statistics, config, seed)
+    return reference.with_array(resample_placed(placement, np.asarray(rendered.array), reference, region, config,
+                                                statistics.csf_level()))

@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     parser.add_argument("--exact-lesion", action="store_true")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 is faster on an overloaded machine)")
     parser.add_argument("--prior", choices=("donor", "none"), default="donor")
+    parser.add_argument("--variation", type=float, default=None,
+                        help="donor prior: strength of the learned variation (default: the library's)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -47,13 +49,16 @@ def main(argv=None) -> int:
     brain_slices = int(np.count_nonzero((volume.array > 0).any(axis=(0, 1))))
 
     wall, cpu = time.perf_counter(), time.process_time()
-    models = load_lesion_models(args.weights, "cpu")
+    models = load_lesion_models(args.weights, "cpu", prior=args.prior == "donor")
     load_s = time.perf_counter() - wall
     from AnonMRILib.pipelines.lesion import anonymize_lesions_with_details
     from AnonMRILib.transforms.brain_prior import BrainPriorConfig
 
+    from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+
+    variation = PriorVariationConfig() if args.variation is None else PriorVariationConfig(strength=args.variation)
     config = LesionAnonymizationConfig(steps=args.steps, exact_lesion=args.exact_lesion, prior=args.prior,
-                                       brain_prior=BrainPriorConfig(donors=("robex_atlas",)))
+                                       brain_prior=BrainPriorConfig(donors=("robex_atlas",)), variation=variation)
     start = time.perf_counter()
     output, details = anonymize_lesions_with_details(volume, lesion, config, weights=models, seed=0)
     run_s = time.perf_counter() - start
@@ -62,7 +67,8 @@ def main(argv=None) -> int:
     figures = {
         "volume": list(volume.shape), "slices_with_anatomy": brain_slices,
         "lesion_slices": int(np.count_nonzero(inside.any(axis=(0, 1)))),
-        "prior": args.prior, "sampler": f"DDIM {args.steps} steps" if args.prior == "none" else None,
+        "prior": args.prior, "variation_strength": config.variation.strength if args.prior == "donor" else None,
+        "sampler": f"DDIM {args.steps} steps" if args.prior == "none" else None,
         "threads": args.threads, "timings_s": details.get("timings_s"),
         "peak_memory_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, 2),
         "weights_load_s": round(load_s, 2), "anonymize_s": round(run_s, 2),

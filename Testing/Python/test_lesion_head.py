@@ -143,7 +143,7 @@ def test_cli_whole_head_face_method_none_warns(tmp_path, capsys):
         save_volume(volume, tmp_path / name)
     common = ["--weights", str(weights), "--steps", "1", "--candidates", "2", "--quiet", "--device", "cpu",
               "--input-kind", "head", "--brain-mask", str(tmp_path / "brain.nii.gz"), "--exact-lesion",
-              "--skip-plausibility-checks"]  # a small synthetic head
+              "--skip-plausibility-checks", "--variation", "0"]  # a small synthetic head; tiny models have no prior channels
     base = ["lesion", str(tmp_path / "in.nii.gz"), str(tmp_path / "lesion.nii.gz")]
     with pytest.warns(UserWarning, match="identifiable"):
         assert main([*base, str(tmp_path / "out.nii.gz"), "--face-method", "none", *common]) == 0

@@ -21,6 +21,8 @@ def tiny_data(path: Path) -> None:
 
 
 def test_vae_and_diffusion_training_resume_and_cards(tmp_path):
+    import torch
+
     import train_lesion_diffusion
     import train_lesion_vae
 
@@ -48,6 +50,17 @@ def test_vae_and_diffusion_training_resume_and_cards(tmp_path):
     unet, scale, shift = load_lesion_diffusion(diffusion_out / "lesion_diffusion.safetensors")
     card = json.loads((diffusion_out / "lesion_diffusion.json").read_text())
     assert unet.config.latent_size == 4 and scale > 0 and card["latent_scale"] == scale and card["steps"] == 2
+
+    # a later session goes on from the shipped (committed) weights: --set init_from, no checkpoint
+    later = tmp_path / "diffusion_later"
+    shipped = diffusion_out / "lesion_diffusion.safetensors"
+    assert train_lesion_diffusion.main([
+        "--data", str(data), "--vae", str(vae_out / "lesion_vae.safetensors"), "--out", str(later),
+        "--set", "channels=[8,16,16]", "--set", "embedding_dim=16", "--set", "mask_channels=8",
+        "--set", "batch_size=8", "--set", "epochs=1", "--set", f"init_from={shipped}", "--set", "learning_rate=0",
+        "--threads", "1", "--device", "cpu"]) == 0
+    again, _, _ = load_lesion_diffusion(later / "lesion_diffusion.safetensors")
+    assert all(torch.equal(a, b) for a, b in zip(unet.state_dict().values(), again.state_dict().values()))
 
 
 def test_crop_training_config_sections_compact_checkpoint_and_resume_from(tmp_path):

@@ -65,3 +65,22 @@ def test_every_bound_widget_is_created_and_the_panel_fits_a_module_panel(panel):
     apply_button = panel.findChild(QtWidgets.QPushButton, "applyButton")
     cancel_button = panel.findChild(QtWidgets.QPushButton, "cancelButton")
     assert not apply_button.isEnabled() and not cancel_button.isEnabled()  # enabled by the module
+
+
+def test_other_contrasts_sit_in_the_load_step_below_the_lesion_segmentation_one_row_each(panel):
+    from PySide6 import QtWidgets
+
+    boxes = {box.title(): box for box in panel.findChildren(QtWidgets.QGroupBox)}
+    load, others = boxes["1. Load"], boxes["Other contrasts of this patient"]
+    assert load.isAncestorOf(others)
+    lesion = panel.findChild(QtWidgets.QWidget, "lesionSegmentationSelector")
+    assert others.mapTo(load, others.rect().topLeft()).y() > lesion.mapTo(load, lesion.rect().bottomLeft()).y()
+    rows = [others.findChild(QtWidgets.QWidget, name) for name in ["inputContrastComboBox"] + [
+        f"otherVolume{n}Selector" for n in (1, 2, 3)]]
+    tops = [row.mapTo(others, row.rect().topLeft()).y() for row in rows]
+    assert tops == sorted(tops) and len(set(tops)) == len(tops)
+    for number in (1, 2, 3):  # each volume with its contrast on the same row, to its right
+        volume = others.findChild(QtWidgets.QWidget, f"otherVolume{number}Selector")
+        contrast = others.findChild(QtWidgets.QWidget, f"otherContrast{number}ComboBox")
+        assert abs(volume.geometry().center().y() - contrast.geometry().center().y()) <= 2
+        assert contrast.geometry().left() >= volume.geometry().right()

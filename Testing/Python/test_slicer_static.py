@@ -138,11 +138,39 @@ def test_the_inputs_the_issue_asks_for_are_in_the_panel():
         if annotation.startswith(("Union[", "typing.Union[", "Optional[")):
             assert "None" in annotation or annotation.startswith("Optional["), f"{name}: Union[..., None] needed"
     for name in ("method", "useBundledWeights", "weightsFile", "device", "seed", "rotations", "samplingSteps",
-                 "lesionWeightsFolder", "exactLesion", "checkBrainMask", "compareFade", "linkCameras", "exportFormat"):
+                 "lesionWeightsFolder", "exactLesion", "checkBrainMask", "compareFade", "linkCameras", "exportFormat",
+                 "inputContrast", "otherVolume1", "otherContrast1", "variationStrength"):
         assert name in fields
     assert "Choice(EXPORT_FORMATS)" in ast.unparse(fields["exportFormat"])
     assert "Choice(DEVICE_CHOICES)" in ast.unparse(fields["device"])
     assert re.search(r'DEVICE_CHOICES = \["auto", "cuda", "cpu"\]', MODULE_PY.read_text())
+
+
+def test_other_contrasts_of_the_patient_are_loaded_with_a_contrast_each_and_the_variation_strength_is_bound():
+    """Lesion method, several co-registered contrasts: the input's contrast and up to
+    ``core.MAX_OTHER_CONTRASTS`` other volumes, each with its contrast, in the load step (the module
+    reaches their widgets as ``otherVolume{n}Selector`` / ``otherContrast{n}ComboBox``)."""
+    fields = _parameter_node_fields()
+    core_source = (MODULE_DIR / "AnonMRIModuleLib" / "core.py").read_text(encoding="utf-8")
+    count = int(re.search(r"^MAX_OTHER_CONTRASTS = (\d+)$", core_source, re.M).group(1))
+    assert count == 3
+    load = next(w for w in _ui_root().iter("widget") if w.get("class") == "ctkCollapsibleButton"
+                and _property(w, "text") == "1. Load")
+    in_load = {w.get("name"): w.get("class") for w in load.iter("widget")}
+    assert in_load["otherContrastsCollapsibleButton"] == "ctkCollapsibleButton"
+    assert in_load["inputContrastComboBox"] == "QComboBox"
+    assert "Choice(CONTRAST_CHOICES)" in ast.unparse(fields["inputContrast"])
+    for number in range(1, count + 1):
+        assert in_load[f"otherVolume{number}Selector"] == "qMRMLNodeComboBox"
+        assert in_load[f"otherContrast{number}ComboBox"] == "QComboBox"
+        assert ast.unparse(fields[f"otherVolume{number}"]) == "slicer.vtkMRMLScalarVolumeNode"
+        assert "Choice(CONTRAST_CHOICES)" in ast.unparse(fields[f"otherContrast{number}"])
+    assert f"otherVolume{count + 1}" not in fields
+    strength = ast.unparse(fields["variationStrength"])
+    assert "WithinRange(0.0, 1.0)" in strength and "Default(DEFAULT_VARIATION_STRENGTH)" in strength
+    assert "DEFAULT_VARIATION_STRENGTH = core.default_variation_strength()" in MODULE_PY.read_text(encoding="utf-8")
+    spin_box = _widget("variationStrengthSpinBox")
+    assert spin_box.get("class") == "QDoubleSpinBox" and _property(spin_box, "maximum") == "1.0"
 
 
 def _widget(name):

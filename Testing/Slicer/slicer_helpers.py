@@ -56,3 +56,38 @@ def spawn_child_and_wait(volumes, options, progress):
     progress(0.5, str(child.pid))
     time.sleep(120)
     return {}
+
+
+def brain_contrasts(margin_voxels: int = 3):
+    """Two co-registered contrasts of one skull-stripped brain with a lesion, as
+    ``Testing/Python/test_brain_prior.py``'s ``brain_case`` builds them: the embedded sample head's
+    brain (1.5 mm, real anatomy; cropped to the brain's box plus ``margin_voxels`` to keep the tests
+    fast) with a bright 12 mm spherical lesion as the T1, and a T2-like image synthesised from its
+    tissue classes (CSF bright, white matter dark). Returns (t1, t2, lesion) Volumes on one grid and
+    the brain and lesion bool arrays."""
+    from AnonMRILib.sample_data import load_sample_brain_mask, load_sample_head
+    from AnonMRILib.transforms.brain_prior import classify_patient_tissues
+
+    head, mask = load_sample_head(), load_sample_brain_mask()
+    inside = np.asarray(mask.array) != 0
+    box = np.argwhere(inside)
+    low = np.maximum(box.min(axis=0) - margin_voxels, 0)
+    high = np.minimum(box.max(axis=0) + 1 + margin_voxels, inside.shape)
+    crop = tuple(slice(int(a), int(b)) for a, b in zip(low, high))
+    affine = np.array(head.affine, dtype=np.float64)
+    affine[:3, 3] += affine[:3, :3] @ low
+    brain = inside[crop]
+    image = np.where(brain, np.asarray(head.array)[crop], 0).astype(np.int16)
+    centre = np.argwhere(brain).mean(axis=0) + np.array([12.0, 5.0, 8.0])
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in image.shape], indexing="ij"), axis=-1)
+    lesion = (np.linalg.norm((grid - centre) * np.asarray(head.spacing), axis=-1) < 12.0) & brain
+    image[lesion] = int(np.percentile(image[brain], 99.5) * 1.3)
+    t1 = Volume(image, affine)
+    tissues = classify_patient_tissues(t1, brain, lesion, "T1w")
+    csf, grey, white = tissues.memberships
+    t1_values = image[tissues.classified].astype(np.float64)
+    t2 = np.zeros(image.shape)
+    t2[tissues.classified] = 1400 * csf + 700 * grey + 450 * white + 0.5 * (t1_values - t1_values.mean())
+    t2[lesion] = 1500
+    t2_volume = Volume(np.where(brain, t2, 0).astype(np.int16), affine)
+    return t1, t2_volume, Volume(lesion.astype(np.uint8), affine), brain, lesion
