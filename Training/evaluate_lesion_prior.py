@@ -21,7 +21,11 @@ boundary (-4 .. +4 px in-plane, output vs input); normalised cross-correlation i
 the output with its own input and with the other patient's input (affinely registered, Mattes MI),
 and the input's own with the other patient's (how alike two different brains are), also on the
 interior only (deeper than 5 mm: the brain's outline is kept by design and makes any brain placed in
-it correlate with the patient's rim); NCC of the
+it correlate with the patient's rim); the same two comparisons made fair in two ways -- the scanner's
+shading removed from every scan first (N4 inside the brain: a receive field is not anatomy, and on a
+thick-slice clinical scan it rules the low spatial frequencies), and the other patient's brain placed
+on this patient from the masks alone, exactly as a donor is (any brain given this outline shares the
+output's layout); adjacent-slice correlation inside the brain also after N4; NCC of the
 output with each donor (rendered in the patient's contrast, affinely registered) next to a re-scan
 of that donor (the donor placed, resampled with a 1 mm / 1 degree rigid move, the patient's noise,
 registered back); time. Figures: several slices per case, before / after.
@@ -161,13 +165,28 @@ def brats_like(volume, brain, lesion):
     return out
 
 
-def metrics(image, output, brain, lesion, layout, others=(), output_brain=None):
-    """The per-output figures of the module docstring; ``others``: [(name, other patient Volume)];
+def placed_by_masks(image, brain, lesion, other, other_brain, seed):
+    """The other patient's (skull-stripped) brain placed on this patient exactly as a donor is: from
+    the two brain masks and the lesion mask alone (affine + demons on distance maps, variation, mass
+    effect), slab-averaged onto ``image``'s grid -- what any brain given this outline looks like."""
+    from AnonMRILib.transforms import brain_prior as bp
+
+    donor = bp.Donor("other_patient", other, other.with_array(other_brain.astype(np.uint8)), None, None, {})
+    config = bp.BrainPriorConfig()
+    placement = bp.place_brain_prior(image.with_array(brain.astype(np.uint8)), image.with_array(lesion.astype(np.uint8)),
+                                     seed, config, bank=[donor])
+    return bp.resample_placed(placement, np.asarray(other.array), image, brain, config)
+
+
+def metrics(image, output, brain, lesion, layout, others=(), output_brain=None, seed=0):
+    """The per-output figures of the module docstring; ``others``: [(name, other patient Volume
+    skull-stripped, its brain mask)];
     ``output_brain``: the output's brain when its outline is not the input's (a skull-stripped input gets
     the donor's): the brain figures then use the voxels with brain in both, and the outline Dice is
     reported as ``brain_outline_dice``."""
     from AnonMRILib.evaluation.volume_consistency import adjacent_slice_correlation
     from AnonMRILib.transforms.appearance import mean_gradient
+    from AnonMRILib.transforms.bias_field import n4_corrected
     from AnonMRILib.transforms.head_mask import head_mask_array
 
     from scipy import ndimage
@@ -202,11 +221,26 @@ def metrics(image, output, brain, lesion, layout, others=(), output_brain=None):
     }
     if outline_dice is not None:
         figures["brain_outline_dice"] = outline_dice
-    for name, other in others:
+    # the same with the scanner's shading removed (N4 inside the brain): not anatomy, and it rules the
+    # low spatial frequencies of a thick-slice clinical scan (brain1's field: 0.67-1.03)
+    a_n4 = np.asarray(n4_corrected(image, brain).array, np.float64)
+    b_n4 = np.asarray(n4_corrected(output, brain).array, np.float64)
+    figures["adjacent_slice_correlation_inside_brain_n4"] = {
+        "input": round(interior_adjacent_correlation(in_plane(a_n4, layout), s_brain, s_lesion), 3),
+        "output": round(interior_adjacent_correlation(in_plane(b_n4, layout), s_brain, s_lesion), 3)}
+    figures["ncc_output_own_input_n4"] = round(ncc(a_n4, b_n4, brain & ~lesion), 3)
+    for name, other, other_brain in others:
         aligned = affine_to(skull_stripped(image, brain), other)
         figures[f"ncc_output_{name}"] = round(ncc(b, aligned, brain & ~lesion), 3)
         figures[f"ncc_input_{name}"] = round(ncc(a, aligned, brain & ~lesion), 3)
         figures[f"ncc_output_{name}_interior"] = round(ncc(b, aligned, deep & ~lesion), 3)
+        other_n4 = n4_corrected(other, other_brain)
+        aligned_n4 = affine_to(image.with_array(np.where(brain, a_n4, 0.0).astype(np.float32)), other_n4)
+        figures[f"ncc_output_{name}_n4"] = round(ncc(b_n4, aligned_n4, brain & ~lesion), 3)
+        figures[f"ncc_input_{name}_n4"] = round(ncc(a_n4, aligned_n4, brain & ~lesion), 3)
+        placed = placed_by_masks(image, brain, lesion, other, other_brain, seed)
+        figures[f"ncc_output_{name}_placed_by_masks"] = round(ncc(b, placed, brain & ~lesion), 3)
+        figures[f"ncc_input_{name}_placed_by_masks"] = round(ncc(a, placed, brain & ~lesion), 3)
     return figures
 
 
@@ -336,7 +370,7 @@ def main(argv=None) -> int:
             ("brain2" if case == "brats_like" else "brain1")
         image, lesion, brain, mask, mask_s = scans[base]
         other_name = "brain2" if base == "brain1" else "brain1"
-        other = skull_stripped(scans[other_name][0], scans[other_name][2])
+        other = (skull_stripped(scans[other_name][0], scans[other_name][2]), scans[other_name][2])
         layout = axial_layout(image.affine)
         lesion_volume = image.with_array(lesion.astype(np.uint8))
         if case in ("brain1", "brain2"):
@@ -352,7 +386,7 @@ def main(argv=None) -> int:
                 seconds = time.time() - start
                 runs[method] = {"seconds_with_given_mask": round(seconds, 1), "brain_mask_seconds": round(mask_s, 1),
                                 **details, **metrics(image, output, brain, lesion, layout,
-                                                     [("other_patient", other)] if method == "none" else [])}
+                                                     [("other_patient", *other)] if method == "none" else [], seed=args.seed)}
                 if method == "none":
                     runs[method]["donor_distances"] = donor_distances(image, output, brain, lesion,
                                                                       config.brain_prior, args.seed)
@@ -367,7 +401,7 @@ def main(argv=None) -> int:
             (output,), details = anonymize_lesion_contrasts([stripped], lesion_volume, None, config, seed=args.seed,
                                                             weights=args.weights, brain_mask=mask)
             run = {"seconds": round(time.time() - start, 1), **details,
-                   **metrics(stripped, output, brain, lesion, layout, [("other_patient", other)],
+                   **metrics(stripped, output, brain, lesion, layout, [("other_patient", *other)], seed=args.seed,
                              output_brain=np.asarray(output.array) > np.asarray(stripped.array).min())}
             config_latent = lesion_config(exact_lesion=False, input_kind="brain")
             (latent_output,), _ = anonymize_lesion_contrasts([stripped], lesion_volume, None, config_latent,

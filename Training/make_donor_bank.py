@@ -59,28 +59,11 @@ def isotropic_ras(volume, spacing_mm: float = 1.0, interpolation: str = "linear"
     return Volume(array.astype(np.float32), affine)
 
 
-def n4(volume, mask):
-    """N4 bias-field correction (SimpleITK) estimated at 2x shrink inside ``mask``."""
-    import SimpleITK as sitk
-
-    from AnonMRILib.io.writers import numpy_to_simpleitk
-
-    image = numpy_to_simpleitk(np.asarray(volume.array, dtype=np.float32), volume.affine)
-    mask_image = numpy_to_simpleitk(np.asarray(mask, dtype=np.uint8), volume.affine)
-    shrunk = sitk.Shrink(image, [2, 2, 2])
-    shrunk_mask = sitk.Shrink(mask_image, [2, 2, 2])
-    corrector = sitk.N4BiasFieldCorrectionImageFilter()
-    corrector.SetMaximumNumberOfIterations([40, 30, 20])
-    corrector.Execute(shrunk, shrunk_mask)
-    log_field = corrector.GetLogBiasFieldAsImage(image)
-    field = np.exp(sitk.GetArrayFromImage(log_field).transpose(2, 1, 0))
-    return volume.with_array((np.asarray(volume.array) / field).astype(np.float32))
-
-
 def build_donor(name: str, head_path: Path, mask_path, out: Path) -> dict:
     from scipy import ndimage
 
     from AnonMRILib.evaluation.tissue_segmentation import classify_brain_tissues
+    from AnonMRILib.transforms.bias_field import n4_corrected
     from AnonMRILib.transforms.brain_prior import vessel_score
     from AnonMRILib.io import load_volume, save_volume
     from AnonMRILib.io.volume import Volume
@@ -98,7 +81,7 @@ def build_donor(name: str, head_path: Path, mask_path, out: Path) -> dict:
     if count > 1:
         mask = labels_cc == (np.argmax(np.bincount(labels_cc.ravel())[1:]) + 1)
     mask = ndimage.binary_fill_holes(mask)
-    head = n4(head, ndimage.binary_dilation(mask, iterations=3))
+    head = n4_corrected(head, ndimage.binary_dilation(mask, iterations=3), shrink=2, iterations=(40, 30, 20))
     box = np.argwhere(mask)
     low, high = np.maximum(box.min(0) - 4, 0), np.minimum(box.max(0) + 5, head.shape)
     crop = tuple(slice(a, b) for a, b in zip(low, high))
