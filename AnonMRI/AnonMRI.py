@@ -153,7 +153,8 @@ class AnonMRIParameterNode:
     their sequences, anonymized with the input (lesion method: one anatomy in all).
     method: a Method label. useBundledWeights / weightsFile (CP-GAN: a file) / lesionWeightsFolder
     (lesion: a folder). exactLesion: lesion voxels kept bit for bit. variationStrength: the donor
-    prior's learned variation, 0 (none) to 1 (lesion method). device: auto, cuda or cpu, for
+    prior's learned variation, 0 (none) to 1 (lesion method). sliceThickness: the input's slice
+    thickness in mm for the donor's slab (lesion method; 0: DICOM's SliceThickness, else the spacing). device: auto, cuda or cpu, for
     every step. seed: same seed, same output. rotations: CP-GAN's K (0: model default).
     samplingSteps: diffusion steps (0: model default). previewView: where the face renderings look
     from. outputVolume: the result. compareFade: 0 input .. 1 output in the compare overlay.
@@ -178,6 +179,7 @@ class AnonMRIParameterNode:
     lesionWeightsFolder: pathlib.Path
     exactLesion: Annotated[bool, Default(False)]
     variationStrength: Annotated[float, WithinRange(0.0, 1.0), Default(DEFAULT_VARIATION_STRENGTH)]
+    sliceThickness: Annotated[float, WithinRange(0.0, 50.0), Default(0.0)]
     device: Annotated[str, Choice(DEVICE_CHOICES), Default("auto")]
     seed: Annotated[int, WithinRange(0, 2147483647), Default(0)]
     rotations: Annotated[int, WithinRange(0, 512), Default(0)]
@@ -374,6 +376,7 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.lesionWeightsPathLineEdit.enabled = operation == core.LESION and not p.useBundledWeights
         self.ui.exactLesionCheckBox.enabled = operation == core.LESION
         self.ui.variationStrengthSpinBox.enabled = operation == core.LESION
+        self.ui.sliceThicknessSpinBox.enabled = operation == core.LESION
         lesionInputs = operation == core.LESION and not busy  # other contrasts: the lesion method's
         self.ui.inputContrastComboBox.enabled = lesionInputs
         for number in OTHER_CONTRAST_NUMBERS:
@@ -512,7 +515,8 @@ class AnonMRIWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
                 others = self._otherContrasts()
                 lesionOptions = dict(otherVolumeNodes=[node for node, _contrast in others],
                                      contrasts=[p.inputContrast] + [contrast for _node, contrast in others],
-                                     variationStrength=p.variationStrength)
+                                     variationStrength=p.variationStrength,
+                                     sliceThickness=p.sliceThickness or mrml.dicom_slice_thickness(p.inputVolume))
             try:
                 request = self.logic.prepare(p.method, p.inputVolume, p.brainMask, p.lesionSegmentation,
                                              weights=weights, device=p.device, seed=p.seed, rotations=p.rotations,

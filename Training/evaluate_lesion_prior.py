@@ -286,7 +286,7 @@ def donor_distances(image, output, brain, lesion, config, seed):
     return rows
 
 
-def figure(path, columns, lesion, layout, title):
+def draw_figure(path, columns, lesion, layout, title):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -348,13 +348,23 @@ def main(argv=None) -> int:
     parser.add_argument("--variation", type=float, default=None,
                         help="strength of the learned variation (default: the library's)")
     parser.add_argument("--weights", type=Path, default=None, help="lesion prior weights folder (default: shipped)")
+    parser.add_argument("--slice-thickness", type=float, default=None, metavar="MM",
+                        help="the scans' slice thickness for the donor's slab (default: their spacing, 6.5 mm)")
+    parser.add_argument("--results-name", default="results.json")
+    parser.add_argument("--no-figures", action="store_true", help="figures not drawn (a side run)")
     args = parser.parse_args(argv)
     from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+    from AnonMRILib.transforms.brain_prior import BrainPriorConfig
 
     variation = PriorVariationConfig() if args.variation is None else PriorVariationConfig(strength=args.variation)
+    prior = BrainPriorConfig(slice_thickness_mm=args.slice_thickness)
 
     def lesion_config(**settings):
-        return LesionAnonymizationConfig(variation=variation, **settings)
+        return LesionAnonymizationConfig(variation=variation, brain_prior=prior, **settings)
+
+    def figure(*figure_args):
+        if not args.no_figures:
+            draw_figure(*figure_args)
     args.out.mkdir(parents=True, exist_ok=True)
     scans = {}
     for name in ("brain1", "brain2"):
@@ -417,7 +427,7 @@ def main(argv=None) -> int:
             stripped = skull_stripped(image, brain)
             run, columns, placed = {}, [("input", stripped.array)], None
             for strength in STRENGTHS:
-                config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+                config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain", brain_prior=prior,
                                                    variation=PriorVariationConfig(strength=strength))
                 (output,), _ = anonymize_lesion_contrasts([stripped], lesion_volume, None, config, seed=args.seed,
                                                           weights=args.weights, brain_mask=mask)
@@ -461,7 +471,8 @@ def main(argv=None) -> int:
                 columns += [(f"{name} input", contrasts[name].array), (f"{name} output", output.array)]
             figure(args.out / f"{case}.png", columns, lesion, layout,
                    "BraTS-like case from brain2 (T1c real; T1, T2, FLAIR synthesised from its tissues): one anatomy")
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    results["slice_thickness_mm"] = args.slice_thickness
+    (args.out / args.results_name).write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

@@ -318,12 +318,14 @@ def release_device_memory() -> None:
 def lesion_config(options: Dict[str, Any], contrast: str = AUTO_CONTRAST):
     """The ``LesionAnonymizationConfig`` for the panel's lesion options, taken out of ``options``
     (``sampling_steps``: DDIM steps, 0/None = default; ``exact_lesion``; ``variation_strength``: the
-    donor prior's learned variation in [0, 1], None = default), with the reference image's
+    donor prior's learned variation in [0, 1], None = default; ``slice_thickness_mm``: the donor's
+    slab, None = the spacing), with the reference image's
     ``contrast``; None when every setting is the library's default."""
     steps = options.pop("sampling_steps", None)
     exact = bool(options.pop("exact_lesion", False))
     strength = options.pop("variation_strength", None)
-    if not (steps or exact or strength is not None or contrast != AUTO_CONTRAST):
+    thickness = options.pop("slice_thickness_mm", None)
+    if not (steps or exact or strength is not None or thickness or contrast != AUTO_CONTRAST):
         return None
     from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig
 
@@ -341,6 +343,10 @@ def lesion_config(options: Dict[str, Any], contrast: str = AUTO_CONTRAST):
             raise MissingFeatureError("the learned variation strength is not available: this AnonMRILib has no "
                                       "pipelines.prior_variation (update the AnonMRI extension)") from error
         settings["variation"] = dataclasses.replace(PriorVariationConfig(), strength=float(strength))
+    if thickness:
+        from AnonMRILib.transforms.brain_prior import BrainPriorConfig
+
+        settings["brain_prior"] = BrainPriorConfig(slice_thickness_mm=float(thickness))
     return LesionAnonymizationConfig(**settings)
 
 
@@ -769,7 +775,8 @@ class AnonMRILogicCore:
                 lesionSegments: Optional[Sequence[str]] = None, exactLesion: bool = False,
                 checkBrainMask: bool = True, otherVolumeNodes: Optional[Sequence] = None,
                 contrasts: Optional[Sequence[str]] = None,
-                variationStrength: Optional[float] = None) -> AnonymizationRequest:
+                variationStrength: Optional[float] = None,
+                sliceThickness: Optional[float] = None) -> AnonymizationRequest:
         """Read the input nodes (main thread) into a request for :func:`run_request_outputs`.
 
         ``method``: a Method label (see :func:`method_labels`) or ``remodel`` / ``lesion`` / a
@@ -781,14 +788,15 @@ class AnonMRILogicCore:
         contrasts of the patient on the input's grid; ``contrasts``, a name of
         :func:`contrast_choices` per volume, the input's first (None: from each node's name, else
         ``"auto"``); ``variationStrength``, the donor prior's learned variation in [0, 1] (None:
-        the library's default).
+        the library's default); ``sliceThickness``, the input's slice thickness in mm for the donor's
+        slab (None or 0: the spacing).
         """
         operation, removal = parse_method_label(method)
         if volumeNode is None:
             raise InputError("select an input volume")
-        if operation != LESION and (otherVolumeNodes or contrasts or variationStrength is not None):
-            raise InputError("other contrasts, contrast names and the variation strength belong to the "
-                             "lesion-preserving method")
+        if operation != LESION and (otherVolumeNodes or contrasts or variationStrength is not None or sliceThickness):
+            raise InputError("other contrasts, contrast names, the variation strength and the slice thickness "
+                             "belong to the lesion-preserving method")
         image = mrml.volume_from_node(volumeNode)
         otherNodes = list(otherVolumeNodes or [])
         others = other_contrast_volumes(image, volumeNode, otherNodes)
@@ -813,6 +821,11 @@ class AnonMRILogicCore:
             if not 0.0 <= strength <= 1.0:
                 raise InputError(f"the learned variation strength must lie in [0, 1], got {strength}")
             options["variation_strength"] = strength
+        if operation == LESION and sliceThickness:
+            thickness = float(sliceThickness)
+            if not 0.0 < thickness < 100.0:
+                raise InputError(f"the slice thickness must be a positive number of mm, got {thickness}")
+            options["slice_thickness_mm"] = thickness
         weights_path = str(weights) if weights not in (None, "", ".") else None
         if method in REMODEL_PRIORS and weights_path is None:
             options["prior"] = REMODEL_PRIORS[method]
@@ -978,7 +991,7 @@ class AnonMRILogicCore:
                          segments: Optional[Sequence[str]] = None, progress: Optional[ProgressCallback] = None,
                          exactLesion: bool = False, checkBrainMask: bool = True,
                          otherVolumeNodes: Optional[Sequence] = None, contrasts: Optional[Sequence[str]] = None,
-                         variationStrength: Optional[float] = None):
+                         variationStrength: Optional[float] = None, sliceThickness: Optional[float] = None):
         """Lesion-preserving anonymization with the lesion from ``segmentationNode`` (segments: all
         or the names given). ``weights``: None (shipped) or a folder. ``exactLesion``: lesion voxels
         kept bit for bit. Returns the new volume node.
@@ -989,12 +1002,14 @@ class AnonMRILogicCore:
         ``contrasts``: a name per volume, ``volumeNode``'s first ("auto", "T1w", "T1c", "T2w",
         "PDw", "FLAIR"; None: from each node's name, else "auto"). ``variationStrength``: the donor
         prior's learned variation in [0, 1] (None: the library's default; 0: the placed donor alone).
+        ``sliceThickness``: the input's slice thickness in mm (None: the spacing; see
+        :func:`AnonMRIModuleLib.mrml.dicom_slice_thickness` for a DICOM-loaded node).
         """
         return self.process(LESION, volumeNode, brainMaskNode, segmentationNode, progress, weights=weights,
                             device=device, seed=seed, samplingSteps=samplingSteps, lesionSegments=segments,
                             exactLesion=exactLesion, checkBrainMask=checkBrainMask,
                             otherVolumeNodes=otherVolumeNodes, contrasts=contrasts,
-                            variationStrength=variationStrength)
+                            variationStrength=variationStrength, sliceThickness=sliceThickness)
 
     def deface(self, volumeNode, method: str, brainMaskNode=None, progress: Optional[ProgressCallback] = None,
                device: str = "auto", checkBrainMask: bool = True):

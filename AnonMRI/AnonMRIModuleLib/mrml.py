@@ -435,3 +435,27 @@ def scores_from_table_node(table_node) -> Dict[str, Union[float, str]]:
 def node_names(nodes: Iterable) -> List[str]:
     """Names of MRML nodes (for messages)."""
     return [node.GetName() for node in nodes if node is not None]
+
+
+def dicom_slice_thickness(volume_node, database=None) -> Optional[float]:
+    """SliceThickness (0018,0050, mm) of the DICOM series a volume node was loaded from: read from
+    ``database`` (default: Slicer's ``slicer.dicomDatabase``) for the node's first
+    ``DICOM.instanceUIDs``; None when the node is not from DICOM, the database is not there or the
+    value is not a positive number."""
+    if volume_node is None:
+        return None
+    uids = (volume_node.GetAttribute("DICOM.instanceUIDs") or "").split()
+    if database is None:
+        try:
+            import slicer
+
+            database = getattr(slicer, "dicomDatabase", None)
+        except ImportError:
+            database = None
+    if not uids or database is None:
+        return None
+    try:
+        value = float(str(database.instanceValue(uids[0], "0018,0050")).split("\\")[0])
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return value if 0.0 < value < 100.0 else None

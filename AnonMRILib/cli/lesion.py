@@ -91,6 +91,10 @@ def add_parser(subparsers) -> None:
                              "the brain mask; always so for a whole head), donor (its own outline, affinely placed: "
                              "a skull-stripped input's outline is regenerated too), auto (default: patient for a "
                              "head, donor for a brain-only input)")
+    parser.add_argument("--slice-thickness", type=float, default=None, metavar="MM",
+                        help="donor prior: thickness of the input's slices when it differs from their spacing (a "
+                             "5 mm slice every 6.5 mm: 5); each output slice averages the placed donor over this "
+                             "slab (default: the BIDS sidecar's SliceThickness beside the input, else the spacing)")
     parser.add_argument("--contrast", choices=CONTRASTS, default=None,
                         help="the input's sequence (default: from the file name, else auto = from the histogram; "
                              "FLAIR must be named)")
@@ -157,12 +161,15 @@ def run(args: argparse.Namespace) -> int:
     contrasts = [args.contrast or contrast_from_file_name(args.input) or "auto"] + names
     import dataclasses
 
+    from AnonMRILib.io.sidecar import sidecar_slice_thickness
     from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
     from AnonMRILib.transforms.brain_prior import BrainPriorConfig
 
     variation = PriorVariationConfig() if args.variation is None else \
         dataclasses.replace(PriorVariationConfig(), strength=args.variation)
-    config = LesionAnonymizationConfig(variation=variation, brain_prior=BrainPriorConfig(outline=args.outline),
+    thickness = args.slice_thickness if args.slice_thickness is not None else sidecar_slice_thickness(args.input)
+    config = LesionAnonymizationConfig(variation=variation,
+                                       brain_prior=BrainPriorConfig(outline=args.outline, slice_thickness_mm=thickness),
                                        steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",
                                        repulsion=repulsion, exact_lesion=args.exact_lesion, grade=args.grade,
                                        allow_empty_lesion=args.allow_empty_lesion, input_kind=args.input_kind,

@@ -44,6 +44,16 @@ def read_sidecar(path: PathLike) -> Dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def sidecar_slice_thickness(image: PathLike) -> Optional[float]:
+    """``SliceThickness`` (mm) of the BIDS sidecar beside ``image``, when it is a positive number;
+    None otherwise (no sidecar, no such key, or a value that is not a usable thickness)."""
+    value = read_sidecar(sidecar_path(image)).get("SliceThickness")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if 0.0 < value < 100.0 else None
+
+
 def deidentified_sidecar(method: str, codes: Iterable[str] = (),
                          source: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The sidecar content of an output de-identified by ``method``: ``source``'s safe keys + the two keys."""

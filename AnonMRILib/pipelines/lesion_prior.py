@@ -263,7 +263,8 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
     placement = place_brain_prior(reference.with_array(brain.astype(np.uint8)),
                                   reference.with_array(lesion.astype(np.uint8)), seed=seed, config=prior_config,
                                   progress=sub_progress(progress, 0.05, 0.3), outline=outline)
-    details.update({"donor": placement.donor.name, **placement.details})
+    details.update({"donor": placement.donor.name, **placement.details,
+                    "slab_mm": round(float(prior_config.slice_thickness_mm or max(reference.spacing)), 3)})
     region = brain
     if outline == "donor":
         region = placed_brain_mask(placement, reference, np.ones(brain.shape, bool), prior_config) | lesion

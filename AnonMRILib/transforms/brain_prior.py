@@ -56,7 +56,12 @@ fraction and intensities are global statistics; the positions are the donor's.
 mass effect, variation, demons and affine (linear). Along an axis whose spacing exceeds
 ``slab_sample_mm`` x 1.5 (thick slices) each voxel is the mean of ``ceil(spacing / slab_sample_mm)``
 samples across its slab, not the sample at its centre (the slab's partial-volume signal, as the
-scanner measured it). Where the donor has no brain inside the patient's mask (a rim of at most a
+scanner measured it). The slab is the slice's thickness: its spacing unless ``slice_thickness_mm``
+says otherwise (clinical 2-D protocols often leave a gap, e.g. 5 mm slices every 6.5 mm; a NIfTI or
+NRRD header does not record it, DICOM's SliceThickness and BIDS sidecars do). Averaging over the
+whole spacing when the slices are thinner makes neighbouring slices more alike than the scanner's
+(brain1, 6.5 mm spacing: adjacent-slice correlation inside the brain after N4 0.233 against the
+input's 0.173 with a 6.5 mm slab, 0.166 with 5 mm). Where the donor has no brain inside the patient's mask (a rim of at most a
 voxel or two after the demons), the patient's CSF level is used.
 
 Invariant (tested): T_b depends on the input only through the brain mask, the lesion mask, the
@@ -111,6 +116,9 @@ class BrainPriorConfig:
     enhancing_mad: float = 4.0
     enhancing_depth_mm: Tuple[float, float] = (2.0, 20.0)
     slab_sample_mm: float = 1.0
+    #: thickness (mm) of the input's slices along its coarsest axis, when it differs from their spacing
+    #: (a 5 mm slice every 6.5 mm: 5.0); None: contiguous slices (thickness = spacing)
+    slice_thickness_mm: Optional[float] = None
     #: give T_b the input's noise level and sharpness (two global numbers; :func:`~AnonMRILib.pipelines.lesion_prior.match_texture`)
     match_texture: bool = True
     donors: Optional[Tuple[str, ...]] = None
@@ -131,6 +139,9 @@ class BrainPriorConfig:
         if min(self.registration_spacing_mm, self.distance_clip_mm, self.slab_sample_mm) <= 0 \
                 or min(self.variation_mm, self.mass_effect_fraction, self.lesion_exclusion_mm) < 0:
             raise InputError("the brain-prior spacings and distances must be positive")
+        if self.slice_thickness_mm is not None and not (np.isfinite(self.slice_thickness_mm)
+                                                        and self.slice_thickness_mm > 0):
+            raise InputError(f"the slice thickness must be a positive number of mm, got {self.slice_thickness_mm!r}")
 
 
 @dataclass(frozen=True)
@@ -629,29 +640,33 @@ def place_brain_prior(brain_mask: Volume, lesion_mask: Volume, seed: int = 0,
     return BrainPlacement(donor, chain, index, mirror, details)
 
 
-def _slab_reference(volume: Volume, region: Tuple[slice, ...], sample_mm: float) -> Tuple[object, Tuple[int, ...]]:
-    """SimpleITK reference grid over ``region`` of ``volume``'s grid, each thick axis subdivided into
-    n sub-samples centred in its slab; returns (reference image, subdivisions per axis)."""
-    from ..io.writers import numpy_to_simpleitk
-
-    spacing = np.asarray(volume.spacing, dtype=np.float64)
-    factors = tuple(int(np.ceil(s / sample_mm)) if s > 1.5 * sample_mm else 1 for s in spacing)
-    starts = np.array([r.start for r in region], dtype=np.float64)
-    sizes = [r.stop - r.start for r in region]
-    scale = np.diag([1.0 / f for f in factors] + [1.0])
-    offset = np.eye(4)
-    # sub-sample j of voxel i sits at i + (j + 0.5) / n - 0.5
-    offset[:3, 3] = starts + np.array([(0.5 / f) - 0.5 for f in factors])
-    affine = volume.affine @ offset @ scale
-    shape = tuple(n * f for n, f in zip(sizes, factors))
-    return numpy_to_simpleitk(np.zeros(shape, np.uint8), affine), factors
+def slab_offsets(spacing_mm: Sequence[float], sample_mm: float,
+                 slice_thickness_mm: Optional[float] = None) -> List[np.ndarray]:
+    """Per axis, the voxel-index offsets of the sub-samples that make one voxel's slab average: on
+    the slice axis (the coarsest) the slab is ``slice_thickness_mm`` thick (default: its spacing,
+    contiguous slices; thinner: a gap between slices; thicker: overlapping slices), on any other axis
+    its spacing; a slab thicker than ``sample_mm`` x 1.5 gets ``ceil(thickness / sample_mm)``
+    sub-samples centred in it (``[0.]``: one sample at the voxel centre)."""
+    spacing = np.asarray(spacing_mm, dtype=np.float64)
+    slice_axis = int(np.argmax(spacing))
+    offsets = []
+    for axis, step in enumerate(spacing):
+        thickness = float(slice_thickness_mm) if slice_thickness_mm is not None and axis == slice_axis else float(step)
+        if thickness <= 1.5 * sample_mm:
+            offsets.append(np.zeros(1))
+            continue
+        n = int(np.ceil(thickness / sample_mm))
+        offsets.append(((np.arange(n) + 0.5) / n - 0.5) * thickness / float(step))
+    return offsets
 
 
 def resample_placed(placement: BrainPlacement, donor_array: np.ndarray, reference: Volume, region: np.ndarray,
                     config: BrainPriorConfig = BrainPriorConfig(), default: float = 0.0) -> np.ndarray:
     """An array on the donor's grid (``placement.donor``'s) carried onto ``reference``'s grid through
-    the placement (linear), slab-averaged along thick axes (module docstring, resampling), over the
-    bounding box of ``region`` plus 2 voxels; ``default`` elsewhere (float32)."""
+    the placement (linear), slab-averaged along thick axes (:func:`slab_offsets`, module docstring,
+    resampling), over the bounding box of ``region`` plus 2 voxels; ``default`` elsewhere (float32)."""
+    import itertools
+
     import SimpleITK as sitk
 
     from ..io.writers import numpy_to_simpleitk
@@ -661,14 +676,19 @@ def resample_placed(placement: BrainPlacement, donor_array: np.ndarray, referenc
         raise InputError("the brain region is empty; nothing to render")
     low, high = np.maximum(box.min(0) - 2, 0), np.minimum(box.max(0) + 3, reference.shape)
     crop = tuple(slice(int(a), int(b)) for a, b in zip(low, high))
-    grid, factors = _slab_reference(reference, crop, config.slab_sample_mm)
+    sizes = tuple(c.stop - c.start for c in crop)
     moving = numpy_to_simpleitk(np.asarray(donor_array, np.float32), placement.donor.t1.affine)
-    sampled = sitk.GetArrayFromImage(sitk.Resample(moving, grid, placement.transform, sitk.sitkLinear, float(default),
-                                                   sitk.sitkFloat32)).transpose(2, 1, 0)
-    sizes = [c.stop - c.start for c in crop]
-    sampled = sampled.reshape(sizes[0], factors[0], sizes[1], factors[1], sizes[2], factors[2]).mean(axis=(1, 3, 5))
+    total, count = np.zeros(sizes, np.float64), 0
+    for offset in itertools.product(*slab_offsets(reference.spacing, config.slab_sample_mm,
+                                                  config.slice_thickness_mm)):
+        shift = np.eye(4)
+        shift[:3, 3] = low + np.asarray(offset)
+        grid = numpy_to_simpleitk(np.zeros(sizes, np.uint8), reference.affine @ shift)
+        total += sitk.GetArrayFromImage(sitk.Resample(moving, grid, placement.transform, sitk.sitkLinear,
+                                                      float(default), sitk.sitkFloat32)).transpose(2, 1, 0)
+        count += 1
     out = np.full(reference.shape, np.float32(default), np.float32)
-    out[crop] = sampled
+    out[crop] = (total / count).astype(np.float32)
     return out
 
 

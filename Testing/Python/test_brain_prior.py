@@ -108,11 +108,36 @@ def test_mass_effect_pushes_the_donor_away_from_the_lesion_without_folding():
 
 
 def test_thick_slices_are_slab_averages():
-    volume = Volume(np.zeros((10, 10, 4), np.int16), np.diag([0.8, 0.8, 6.5, 1.0]))
-    reference, factors = bp._slab_reference(volume, (slice(0, 10), slice(0, 10), slice(0, 4)), 1.0)
-    assert factors == (1, 1, 7)
-    centres = np.array([reference.TransformIndexToPhysicalPoint((0, 0, k))[2] for k in range(7)])
-    assert np.isclose(centres.mean(), 0.0) and np.isclose(np.ptp(centres), 6.5 * 6 / 7)
+    offsets = bp.slab_offsets((0.8, 0.8, 6.5), 1.0)
+    assert [len(o) for o in offsets] == [1, 1, 7]
+    assert np.isclose(offsets[2].mean(), 0.0) and np.isclose(np.ptp(offsets[2]) * 6.5, 6.5 * 6 / 7)
+    gapped = bp.slab_offsets((0.8, 0.8, 6.5), 1.0, slice_thickness_mm=5.0)[2]  # 5 mm slices every 6.5 mm
+    assert len(gapped) == 5 and np.isclose(np.ptp(gapped) * 6.5, 5.0 * 4 / 5)
+    assert [len(o) for o in bp.slab_offsets((1.0, 1.0, 1.0), 1.0)] == [1, 1, 1]
+    overlapping = bp.slab_offsets((1.0, 1.0, 1.5), 1.0, slice_thickness_mm=3.0)[2]  # 3 mm slices every 1.5 mm
+    assert len(overlapping) == 3 and np.isclose(np.ptp(overlapping) * 1.5, 3.0 * 2 / 3)
+    with pytest.raises(InputError, match="slice thickness"):
+        bp.BrainPriorConfig(slice_thickness_mm=0.0)
+
+
+def test_the_slab_is_the_slice_thickness():
+    """Resampled through an identity placement, z^2 averaged over a slab of thickness t is
+    z0^2 + t^2 / 12: the slab, not the spacing, sets what each slice integrates."""
+    import SimpleITK as sitk
+
+    fine = np.diag([1.0, 1.0, 0.25, 1.0])
+    fine[:3, 3] = (-4.0, -4.0, -20.0)
+    z = fine[2, 2] * np.arange(161) + fine[2, 3]
+    donor_t1 = Volume(np.broadcast_to((z ** 2)[None, None, :], (9, 9, 161)).astype(np.float32), fine)
+    donor = bp.Donor("ramp", donor_t1, donor_t1.with_array(np.ones((9, 9, 161), np.uint8)), None, None, {})
+    placement = bp.BrainPlacement(donor, sitk.Transform(3, sitk.sitkIdentity), 0, False, {})
+    reference = Volume(np.zeros((3, 3, 3), np.int16), np.diag([1.0, 1.0, 6.5, 1.0]))
+    region = np.ones(reference.shape, bool)
+    for thickness, expected in ((None, 6.5), (5.0, 5.0), (2.0, 2.0)):
+        config = bp.BrainPriorConfig(slice_thickness_mm=thickness, slab_sample_mm=0.25)
+        values = bp.resample_placed(placement, np.asarray(donor_t1.array), reference, region, config)
+        # the centre slice (z0 = 6.5 mm) of the middle column
+        assert np.isclose(values[1, 1, 1], 6.5 ** 2 + expected ** 2 / 12, rtol=2e-3), (thickness, values[1, 1, 1])
 
 
 def test_contrasts_share_one_anatomy_and_keep_their_contrast(brain_case, monkeypatch):
@@ -289,3 +314,35 @@ def test_shipped_prior_models_give_a_sharp_new_brain_away_from_the_placed_donor(
     # kept on purpose (outline="patient"), and what any two brains share
     assert np.corrcoef(v[inside], a[inside])[0, 1] <= np.corrcoef(p[inside], a[inside])[0, 1] + 0.02
     assert np.corrcoef(v[inside], p[inside])[0, 1] < 0.97  # the learned variation moved it off the donor
+
+
+def test_the_cli_takes_the_slice_thickness_from_the_flag_or_the_bids_sidecar(brain_case, tmp_path, monkeypatch):
+    import json
+
+    from AnonMRILib.cli.main import main
+    from AnonMRILib.io.sidecar import sidecar_slice_thickness
+    from AnonMRILib.pipelines import lesion as lesion_pipeline
+
+    volume, lesion_volume, _, _ = brain_case
+    save_volume(volume, tmp_path / "sub-1_T1w.nii.gz")
+    save_volume(lesion_volume, tmp_path / "seg.nii.gz")
+    seen = []
+
+    def capture(images, lesion_mask, contrasts, config, **kwargs):
+        seen.append(config.brain_prior.slice_thickness_mm)
+        raise lesion_pipeline.InputError("stop here")
+
+    monkeypatch.setattr(lesion_pipeline, "anonymize_lesion_contrasts", capture)
+    args = [str(tmp_path / "sub-1_T1w.nii.gz"), str(tmp_path / "seg.nii.gz"), str(tmp_path / "out.nii.gz"),
+            "--input-kind", "brain", "--quiet"]
+    assert main(["lesion", *args]) == 2 and seen[-1] is None  # no sidecar: the spacing
+    (tmp_path / "sub-1_T1w.json").write_text(json.dumps({"SliceThickness": 5, "RepetitionTime": 2.0}))
+    assert sidecar_slice_thickness(tmp_path / "sub-1_T1w.nii.gz") == 5.0
+    assert main(["lesion", *args]) == 2 and seen[-1] == 5.0
+    assert main(["lesion", *args, "--slice-thickness", "4.5"]) == 2 and seen[-1] == 4.5  # the flag wins
+    for bad in ("five", -1, True, None):
+        (tmp_path / "sub-1_T1w.json").write_text(json.dumps({"SliceThickness": bad}))
+        assert sidecar_slice_thickness(tmp_path / "sub-1_T1w.nii.gz") is None
+    calls = len(seen)
+    assert main(["lesion", *args, "--slice-thickness", "0"]) == 2 and len(seen) == calls  # refused before running
+    assert not (tmp_path / "out.nii.gz").exists()

@@ -171,6 +171,12 @@ def test_other_contrasts_of_the_patient_are_loaded_with_a_contrast_each_and_the_
     assert "DEFAULT_VARIATION_STRENGTH = core.default_variation_strength()" in MODULE_PY.read_text(encoding="utf-8")
     spin_box = _widget("variationStrengthSpinBox")
     assert spin_box.get("class") == "QDoubleSpinBox" and _property(spin_box, "maximum") == "1.0"
+    thickness = ast.unparse(fields["sliceThickness"])
+    assert "WithinRange(0.0, 50.0)" in thickness and "Default(0.0)" in thickness
+    thickness_box = _widget("sliceThicknessSpinBox")
+    assert thickness_box.get("class") == "QDoubleSpinBox" and _property(thickness_box, "maximum") == "50.0"
+    assert "sliceThickness=p.sliceThickness or mrml.dicom_slice_thickness(p.inputVolume)" in \
+        MODULE_PY.read_text(encoding="utf-8")
 
 
 def _widget(name):

@@ -204,3 +204,39 @@ def test_contrasts_are_guessed_from_node_names():
         "T1c", "T1w", "T2w", "FLAIR", "FLAIR", "T1c", "T2w", "auto", "auto"]
     assert core.contrast_choices()[0] == "auto" and "FLAIR" in core.contrast_choices()
     assert 0.0 <= core.default_variation_strength() <= 1.0
+
+
+def test_the_slice_thickness_reaches_the_donor_prior_from_the_panel_or_the_dicom_database(scene, case, contrast_nodes,
+                                                                                         monkeypatch):
+    """The lesion method's slice thickness (the donor's slab): given in the panel, or read from the DICOM
+    database for a node loaded from DICOM; through the worker entry's JSON options into the config."""
+    nodes, lesion_node, brain_node, _ = contrast_nodes
+    seen = []
+
+    def one(volume, lesion_mask, config=None, weights=None, device="auto", seed=0, progress=None, brain_mask=None):
+        seen.append(None if config is None else config.brain_prior.slice_thickness_mm)
+        return volume
+
+    monkeypatch.setattr(core, "library_function", lambda operation: one)
+    logic = core.AnonMRILogicCore(scene)
+    request = logic.prepare(core.LESION_LABEL, nodes[0], None, lesion_node, sliceThickness=5.0)
+    entry, volumes, options = jobs.request_job(request)
+    jobs.anonymize(volumes, json.loads(json.dumps(options)))
+    assert seen.pop() == 5.0
+    logic.anonymizeLesions(nodes[0], lesion_node, exactLesion=True)
+    assert seen.pop() is None  # not given: the spacing
+    with pytest.raises(InputError, match="slice thickness"):
+        logic.prepare(core.LESION_LABEL, nodes[0], None, lesion_node, sliceThickness=-2.0)
+    with pytest.raises(InputError, match="lesion-preserving method"):
+        logic.prepare(core.REMODEL_LABEL, nodes[0], brain_node, sliceThickness=5.0)
+
+    class Database:  # Slicer's DICOM database, as the panel asks it
+        def instanceValue(self, uid, tag):
+            return {("1.2.3", "0018,0050"): "5.0"}.get((uid, tag), "")
+
+    assert mrml.dicom_slice_thickness(nodes[0], Database()) is None  # not loaded from DICOM
+    nodes[0].SetAttribute("DICOM.instanceUIDs", "1.2.3 1.2.4")
+    assert mrml.dicom_slice_thickness(nodes[0], Database()) == 5.0
+    nodes[0].SetAttribute("DICOM.instanceUIDs", "9.9")
+    assert mrml.dicom_slice_thickness(nodes[0], Database()) is None  # no such value: the spacing
+    assert mrml.dicom_slice_thickness(None, Database()) is None
