@@ -48,6 +48,16 @@ def half_copy(source: Path, target: Path, half: bool) -> None:
     temporary.replace(target)
 
 
+def vae_reference(trained_with: dict, shipped: Path, half: bool) -> dict:
+    """The diffusion card's ``vae`` entry for the exported pair: the shipped VAE file and its sha256,
+    with the training VAE's sha256 (the file the latent statistics were measured with) kept apart."""
+    from AnonMRILib.models.lesion_weights import sha256_of
+
+    return {"file": shipped.name, "sha256": sha256_of(shipped),
+            "trained_with_sha256": trained_with.get("trained_with_sha256", trained_with.get("sha256")),
+            "note": "the shipped VAE is the training VAE" + (" stored in float16" if half else "")}
+
+
 def real_reconstruction(vae, image_path: Path, label_path: Path, mask_path=None) -> dict:
     """Whole-slice SSIM/PSNR of the joint reconstruction of every brain slice of one real scan."""
     import torch
@@ -120,6 +130,8 @@ def main(argv=None) -> int:
             if args.vae_lineage:
                 card["training_lineage"] = args.vae_lineage
             card.pop("history", None) if len(json.dumps(card.get("history", []))) > 20000 else None
+        elif isinstance(card.get("vae"), dict):  # the VAE the model was trained with, as shipped next to it
+            card["vae"] = vae_reference(card["vae"], args.out / VAE_FILE, args.half)
         (args.out / name.replace(".safetensors", ".json")).write_text(json.dumps(card, indent=2) + "\n")
         print(f"wrote {target} ({target.stat().st_size / 1e6:.1f} MB)")
     return 0

@@ -346,3 +346,20 @@ def test_the_cli_takes_the_slice_thickness_from_the_flag_or_the_bids_sidecar(bra
     calls = len(seen)
     assert main(["lesion", *args, "--slice-thickness", "0"]) == 2 and len(seen) == calls  # refused before running
     assert not (tmp_path / "out.nii.gz").exists()
+
+
+def test_the_shipped_diffusion_card_names_the_shipped_vae():
+    """The diffusion model's card points at the VAE shipped beside it (sha256 of that file), with the
+    training VAE's checksum kept apart (Training/export_lesion_prior_weights.py)."""
+    import hashlib
+    import json
+
+    from pathlib import Path
+
+    from AnonMRILib.models.lesion_weights import DIFFUSION_FILE, PRIOR_FOLDER, VAE_FILE
+
+    folder = Path(__file__).resolve().parents[2] / "AnonMRILib" / "weights" / PRIOR_FOLDER
+    card = json.loads((folder / DIFFUSION_FILE.replace(".safetensors", ".json")).read_text())
+    assert card["vae"]["file"] == VAE_FILE
+    assert card["vae"]["sha256"] == hashlib.sha256((folder / VAE_FILE).read_bytes()).hexdigest()
+    assert card["vae"]["trained_with_sha256"] != card["vae"]["sha256"]  # fp32 training file vs fp16 shipped

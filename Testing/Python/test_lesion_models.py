@@ -32,6 +32,35 @@ def test_joint_decoder_and_region_vaes_reconstruct_slice_shape():
     assert out["mean_background"].shape == (2, 4, TINY_SIZE // 8, TINY_SIZE // 8)
 
 
+def test_group_normalisation_has_no_batch_statistics_and_trains():
+    """``norm="group"`` (for batches too small for batch statistics): GroupNorm everywhere, no BatchNorm,
+    the output of one slice independent of the batch it comes in, eval = train, and a step lowers the loss."""
+    from AnonMRILib.models.lesion_vae import lesion_vae_loss
+
+    with pytest.raises(Exception, match="norm"):
+        LesionVAEConfig(image_size=TINY_SIZE, latent_channels=4, channels=(8, 8, 16), norm="layer")
+    torch.manual_seed(0)
+    model = LesionPreservingAutoencoder(LesionVAEConfig(image_size=TINY_SIZE, latent_channels=4, channels=(8, 8, 16),
+                                                        norm="group"))
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert "GroupNorm" in kinds and "BatchNorm2d" not in kinds
+    x = torch.rand(4, 1, TINY_SIZE, TINY_SIZE)
+    m = (torch.rand(4, 1, TINY_SIZE, TINY_SIZE) > 0.8).float()
+    with torch.no_grad():
+        alone = model.reconstruct(x[:1], m[:1])["whole_hat"]
+        batched = model.train().reconstruct(x, m)["whole_hat"][:1]
+    assert torch.allclose(alone, batched, atol=1e-5)
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(6):
+        optimiser.zero_grad()
+        loss, _ = lesion_vae_loss(model(x, m, torch.Generator().manual_seed(0)), x, alpha_v=16.0, kl_weight=1e-3)
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0]
+
+
 def test_alpha_v_starts_at_16_halves_every_10_epochs_and_stops_at_1():
     values = [alpha_v_schedule(epoch) for epoch in range(60)]
     assert values[:10] == [16.0] * 10 and values[10:20] == [8.0] * 10
