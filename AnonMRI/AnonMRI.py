@@ -154,8 +154,8 @@ class AnonMRIParameterNode:
     method: a Method label. useBundledWeights / weightsFile (CP-GAN: a file) / lesionWeightsFolder
     (lesion: a folder). exactLesion: lesion voxels kept bit for bit. variationStrength: the donor
     prior's learned variation, 0 (none) to 1 (lesion method). sliceThickness: the input's slice
-    thickness in mm for the donor's slab (lesion method; 0: DICOM's SliceThickness, else the spacing). device: auto, cuda or cpu, for
-    every step. seed: same seed, same output. rotations: CP-GAN's K (0: model default).
+    thickness in mm for the donor's slab (lesion method; 0: DICOM's SliceThickness, else the
+    spacing). device: auto, cuda or cpu, for every step. seed: same seed, same output. rotations: CP-GAN's K (0: model default).
     samplingSteps: diffusion steps (0: model default). previewView: where the face renderings look
     from. outputVolume: the result. compareFade: 0 input .. 1 output in the compare overlay.
     linkCameras: both 3D views move together. exportFormat: a suffix of the library's writers.

@@ -103,15 +103,20 @@ def library_function(operation: str) -> Callable:
     return function
 
 
+def _library_names(module_name: str, attribute: str, fallback: Sequence[str]) -> List[str]:
+    """``module_name.attribute`` of the installed AnonMRILib as a list of str; ``fallback`` when this
+    AnonMRILib lacks it (an older library under a newer extension)."""
+    try:
+        names = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError):
+        return list(fallback)
+    return [str(name) for name in names]
+
+
 def contrast_choices() -> List[str]:
     """The contrast names the lesion method knows (``AnonMRILib.transforms.brain_prior.CONTRASTS``),
     ``"auto"`` first."""
-    try:
-        module = importlib.import_module("AnonMRILib.transforms.brain_prior")
-        names = getattr(module, "CONTRASTS")
-    except (ImportError, AttributeError):
-        return list(FALLBACK_CONTRASTS)
-    return [str(name) for name in names]
+    return _library_names("AnonMRILib.transforms.brain_prior", "CONTRASTS", FALLBACK_CONTRASTS)
 
 
 def guess_contrast(node_name: str) -> str:
@@ -141,12 +146,7 @@ def default_variation_strength() -> float:
 
 def removal_methods() -> List[str]:
     """Names of the removal baselines, as ``AnonMRILib.pipelines.baselines.REMOVAL_METHODS`` lists them."""
-    try:
-        module = importlib.import_module("AnonMRILib.pipelines.baselines")
-        methods = getattr(module, "REMOVAL_METHODS")
-    except (ImportError, AttributeError):
-        return list(FALLBACK_REMOVAL_METHODS)
-    return [str(name) for name in methods]
+    return _library_names("AnonMRILib.pipelines.baselines", "REMOVAL_METHODS", FALLBACK_REMOVAL_METHODS)
 
 
 def method_labels() -> List[str]:

@@ -77,11 +77,15 @@ def render_contrast(placement, statistics, image: Volume, region: np.ndarray, in
     (varied) canonical prior on that grid, rendered instead of the donor (:func:`render_varied`)."""
     import dataclasses
 
-    from ..transforms.brain_prior import render_brain_prior
+    from ..transforms.brain_prior import render_brain_prior, render_tissue_values
+
+    # the tissue rendering does not depend on the enhancing fraction: once, for both renderings below
+    tissue = None if canonical is None else render_tissue_values(canonical, placement.donor.card, statistics,
+                                                                 prior_config)
 
     def render(stats) -> np.ndarray:
-        if canonical is not None:
-            return render_varied(canonical, placement, stats, image, region, prior_config, seed)
+        if tissue is not None:
+            return render_varied(tissue, placement, stats, image, region, prior_config, seed)
         return np.asarray(render_brain_prior(placement, stats, image, region, prior_config, seed).array)
 
     prior = render(statistics)
@@ -98,15 +102,16 @@ def render_contrast(placement, statistics, image: Volume, region: np.ndarray, in
     return prior, details
 
 
-def render_varied(canonical: np.ndarray, placement, statistics, image: Volume, region: np.ndarray, prior_config,
+def render_varied(tissue: np.ndarray, placement, statistics, image: Volume, region: np.ndarray, prior_config,
                   seed: int) -> np.ndarray:
-    """T_b of one contrast from the (varied) canonical prior on ``image``'s grid: its values rendered
-    in the patient's contrast (:func:`~AnonMRILib.transforms.brain_prior.render_tissue_values`), the
-    enhancing sites of a post-contrast input carried from the donor through the placement (slab
-    fraction f: ``(1 - f) tissue + f enhancement``). float32."""
-    from ..transforms.brain_prior import enhancement_image, render_tissue_values, resample_placed
+    """T_b of one contrast from the (varied) canonical prior on ``image``'s grid: ``tissue``, its values
+    already rendered in the patient's contrast
+    (:func:`~AnonMRILib.transforms.brain_prior.render_tissue_values`), plus the enhancing sites of a
+    post-contrast input carried from the donor through the placement (slab fraction f:
+    ``(1 - f) tissue + f enhancement``). float32."""
+    from ..transforms.brain_prior import enhancement_image, resample_placed
 
-    out = render_tissue_values(canonical, placement.donor.card, statistics, prior_config)
+    out = tissue
     enhancement = enhancement_image(placement.donor, statistics, prior_config, seed)
     if enhancement is not None:
         intensity, sites = enhancement

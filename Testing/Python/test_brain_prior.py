@@ -118,6 +118,10 @@ def test_thick_slices_are_slab_averages():
     assert len(overlapping) == 3 and np.isclose(np.ptp(overlapping) * 1.5, 3.0 * 2 / 3)
     with pytest.raises(InputError, match="slice thickness"):
         bp.BrainPriorConfig(slice_thickness_mm=0.0)
+    # which axis a thickness refers to: the coarsest; isotropic voxels: the axial one (nearest S)
+    assert bp.slice_axis_of(Volume(np.zeros((4, 4, 4), np.int16), np.diag([0.8, 0.8, 6.5, 1.0]))) == 2
+    sagittal_stack = np.array([[0, 1.0, 0, 0], [0, 0, 1.0, 0], [1.0, 0, 0, 0], [0, 0, 0, 1.0]])  # axis 0 runs S
+    assert bp.slice_axis_of(Volume(np.zeros((4, 4, 4), np.int16), sagittal_stack)) == 0
 
 
 def test_the_slab_is_the_slice_thickness():
