@@ -29,16 +29,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def template_face():
-    """The head the anatomical prior carries, as a Volume (the rendered tissue model where the
-    library has one, else the shipped template head)."""
-    from AnonMRILib.transforms import anatomical_prior
-
-    if hasattr(anatomical_prior, "render_template_head"):
-        return anatomical_prior.render_template_head()
-    return anatomical_prior.load_average_head().head
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--original", default=None, help="IMAGE[,MASK] (default: the embedded sample)")
@@ -53,6 +43,7 @@ def main(argv=None) -> int:
     from AnonMRILib.evaluation.scores import load_reference_faces
     from AnonMRILib.io import load_volume
     from AnonMRILib.pipelines.reface import reface
+    from AnonMRILib.transforms.anatomical_prior import template_face
 
     references = load_reference_faces()
     if references is None or "recognizer" not in references:

@@ -99,6 +99,12 @@ def load_average_head(config: AnatomicalPriorConfig = AnatomicalPriorConfig()) -
     return AverageHead(head, brain, hull)
 
 
+def template_face(config: AnatomicalPriorConfig = AnatomicalPriorConfig()) -> Volume:
+    """The face every REFACE and prior-based output wears, at the template's own place: the
+    shipped average head (its units)."""
+    return load_average_head(config).head
+
+
 def _to_sitk(array: np.ndarray, affine: np.ndarray):
     from ..io.writers import numpy_to_simpleitk
 

@@ -431,7 +431,8 @@ def test_score_command_verdicts_with_the_shipped_attackers(sample, tmp_path):
     the face: not recognisable, while the Siamese attacker, which reads the outline the convex
     hull keeps, ranks the original first for it and for a template face on the same hull alike:
     the residual line says so and the verdict does not follow it (README, "Per-scan scores").
-    The paper's generator (prior none): not recognisable either."""
+    The paper's generator (prior none): not recognisable either. The blurred face stays identified
+    through the kinship control (it is far nearer than the template's own face)."""
     pytest.importorskip("dlib")
     from AnonMRILib.io import save_volume
     from AnonMRILib.pipelines.baselines import deface
@@ -457,7 +458,10 @@ def test_score_command_verdicts_with_the_shipped_attackers(sample, tmp_path):
     assert verdicts["blurred"].startswith("recognisable: the open face recognizer (dlib) puts"), verdicts
     assert recognizer["blurred"]["identified"] and recognizer["blurred"]["rank"] == 0
     assert verdicts["remodeled"].startswith("not recognisable: the open face recognizer (dlib) puts"), verdicts
-    assert not recognizer["remodeled"]["identified"] and recognizer["remodeled"]["rank"] >= 1, recognizer
+    # not top-1, or top-1 only as near as the template's own face is (the kinship control)
+    assert not recognizer["remodeled"]["identified"], recognizer
+    assert recognizer["remodeled"]["rank"] >= 1 or recognizer["remodeled"]["template_kinship"], recognizer
+    assert not recognizer["blurred"]["template_kinship"]
     assert recognizer["remodeled"]["distance_to_original"] > 0.45 and recognizer["remodeled"]["detector_score_anonymized"] > 1.2
     remodeled_scores = scores["remodeled"]
     assert remodeled_scores["attacker"]["rank"] == 0 and remodeled_scores["hull_control"]["rank"] == 0
