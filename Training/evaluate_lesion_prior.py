@@ -181,6 +181,11 @@ def placed_by_masks(image, brain, lesion, other, other_brain, seed):
     return bp.resample_placed(placement, np.asarray(other.array), image, brain, config)
 
 
+def mask_dice(a: np.ndarray, b: np.ndarray) -> float:
+    """Dice of two boolean arrays, 4 decimals (0 when both are empty)."""
+    return round(2.0 * float((a & b).sum()) / max(float(a.sum() + b.sum()), 1.0), 4)
+
+
 def slice_outline_dice(head_in: np.ndarray, head_out: np.ndarray) -> float:
     """Dice of the head outlines slice by slice: each slice's head mask (N, H, W stacks) with its
     holes filled in-plane. The 3-D mask's hole filling fails where the field of view cuts the head
@@ -190,8 +195,7 @@ def slice_outline_dice(head_in: np.ndarray, head_out: np.ndarray) -> float:
     from scipy import ndimage
 
     fill = lambda m: np.stack([ndimage.binary_fill_holes(s) for s in m])  # noqa: E731
-    a, b = fill(head_in), fill(head_out)
-    return round(2.0 * float((a & b).sum()) / max(float(a.sum() + b.sum()), 1.0), 4)
+    return mask_dice(fill(head_in), fill(head_out))
 
 
 #: in-plane Gaussian (pixels) that removes pixel noise before the structure-only gradient ratio
@@ -225,7 +229,7 @@ def metrics(image, output, brain, lesion, layout, others=(), output_brain=None, 
     a, b = np.asarray(image.array), np.asarray(output.array)
     outline_dice = None
     if output_brain is not None:
-        outline_dice = round(2.0 * float((brain & output_brain).sum()) / max(brain.sum() + output_brain.sum(), 1), 4)
+        outline_dice = mask_dice(brain, output_brain)
         brain = brain & output_brain
     deep = ndimage.distance_transform_edt(brain, sampling=image.spacing) > 5.0  # the outline (kept) left out
     head_in, head_out = head_mask_array(a), head_mask_array(b)
@@ -239,7 +243,7 @@ def metrics(image, output, brain, lesion, layout, others=(), output_brain=None, 
         "gradient_ratio_brain_interior": round(mean_gradient(s_out, interior) / mean_gradient(s_in, interior), 3),
         "gradient_ratio_brain": round(mean_gradient(s_out, s_brain & ~s_lesion) / mean_gradient(s_in, s_brain & ~s_lesion), 3),
         "gradient_ratio_head": round(mean_gradient(s_out, s_head & ~s_lesion) / mean_gradient(s_in, s_head & ~s_lesion), 3),
-        "head_outline_dice": round(2.0 * float((head_in & head_out).sum()) / max(head_in.sum() + head_out.sum(), 1), 4),
+        "head_outline_dice": mask_dice(head_in, head_out),
         "head_outline_dice_slices": slice_outline_dice(in_plane(head_in, layout), in_plane(head_out, layout)),
         "gradient_ratio_head_smoothed": smoothed_gradient_ratio(s_in, s_out, s_head & ~s_lesion),
         "lesion_bit_exact": bool(np.array_equal(a[lesion], b[lesion])),

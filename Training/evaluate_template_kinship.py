@@ -38,9 +38,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from AnonMRILib.evaluation.face_recognition import FaceRecognizer, face_distance
-    from AnonMRILib.evaluation.face_renderings import FaceRenderingConfig, head_centre, render_canonical_views
-    from AnonMRILib.evaluation.privacy_attacks import describe_head
-    from AnonMRILib.evaluation.scores import load_reference_faces
+    from AnonMRILib.evaluation.face_renderings import head_centre
+    from AnonMRILib.evaluation.scores import (describe_views, load_reference_faces, other_references,
+                                              recognizer_rendering)
     from AnonMRILib.io import load_volume
     from AnonMRILib.pipelines.reface import reface
     from AnonMRILib.transforms.anatomical_prior import template_face
@@ -48,14 +48,12 @@ def main(argv=None) -> int:
     references = load_reference_faces()
     if references is None or "recognizer" not in references:
         parser.error("the reference set with recognizer descriptors is missing")
-    gallery = references["recognizer"]
-    config = FaceRenderingConfig(field_of_view_mm=references["field_of_view_mm"], grid_size=references["grid_size"],
-                                 image_size=gallery["render_size"])
+    views = references["recognizer"]["views"]
+    config = recognizer_rendering(references)
     recognizer = FaceRecognizer()
 
     def describe(volume):
-        return describe_head(list(render_canonical_views(volume, head_centre(volume), config, gallery["views"])),
-                             recognizer)[0]
+        return describe_views(volume, head_centre(volume), config, views, recognizer)[0]
 
     if args.original:
         original = load_volume(args.original.split(",")[0])
@@ -66,8 +64,7 @@ def main(argv=None) -> int:
     target = describe(original)
     if target is None:
         parser.error("dlib finds no face in the original")
-    threshold = float(gallery["same_person_threshold"]) if np.isfinite(gallery["same_person_threshold"]) else 0.0
-    others = [d for d in gallery["descriptors"] if np.all(np.isfinite(d)) and face_distance(d, target) > threshold]
+    others, _ = other_references(references["recognizer"], target)
 
     def row(name, descriptor):
         if descriptor is None:

@@ -231,21 +231,51 @@ def recognizer_identifies(distance: float, to_references: Sequence[float], templ
     return beyond_template, not beyond_template
 
 
+def recognizer_rendering(references: Dict[str, Any], device: str = "cpu"):
+    """The :class:`~AnonMRILib.evaluation.face_renderings.FaceRenderingConfig` of the reference set's
+    recognizer renderings (its field of view, grid and image size)."""
+    from .face_renderings import FaceRenderingConfig
+
+    return FaceRenderingConfig(field_of_view_mm=references["field_of_view_mm"], grid_size=references["grid_size"],
+                               image_size=references["recognizer"]["render_size"], device=device)
+
+
+def describe_views(volume: Volume, centre: np.ndarray, render_config, views, recognizer
+                   ) -> Tuple[Optional[np.ndarray], float]:
+    """(descriptor or None, detector score) of ``volume`` rendered in the canonical frame at
+    ``centre`` (RAS mm) from each (azimuth, elevation) of ``views``
+    (:func:`~AnonMRILib.evaluation.privacy_attacks.describe_head`)."""
+    from .face_renderings import render_canonical_views
+    from .privacy_attacks import describe_head
+
+    return describe_head(list(render_canonical_views(volume, centre, render_config, views)), recognizer)
+
+
+def other_references(gallery: Dict[str, Any], original_descriptor: np.ndarray) -> Tuple[List[np.ndarray], int]:
+    """(the reference descriptors of other people, how many were left out): a reference head the
+    recognizer cannot tell from the original (within the calibrated same-person threshold; none
+    without a calibration) is the same person."""
+    from .face_recognition import face_distance
+
+    threshold = gallery["same_person_threshold"]
+    threshold = float(threshold) if np.isfinite(threshold) else 0.0
+    found = [d for d in gallery["descriptors"] if np.all(np.isfinite(d))]
+    others = [d for d in found if face_distance(d, original_descriptor) > threshold]
+    return others, len(found) - len(others)
+
+
 def _template_kinship(original: Volume, centre: np.ndarray, original_descriptor: np.ndarray, render_config,
                       views, recognizer) -> Dict[str, Optional[float]]:
     """Distances to the original's descriptor of the template's own face (its own frame) and of the
     original re-rendered with its views turned by :data:`RERENDERING_TURN_DEG`."""
     from ..transforms.anatomical_prior import template_face
     from .face_recognition import face_distance
-    from .face_renderings import head_centre, render_canonical_views
-    from .privacy_attacks import describe_head
+    from .face_renderings import head_centre
 
     template = template_face()
-    template_descriptor, _ = describe_head(
-        list(render_canonical_views(template, head_centre(template), render_config, views)), recognizer)
+    template_descriptor, _ = describe_views(template, head_centre(template), render_config, views, recognizer)
     turned = [(float(a) + RERENDERING_TURN_DEG[0], float(e) + RERENDERING_TURN_DEG[1]) for a, e in views]
-    turned_descriptor, _ = describe_head(list(render_canonical_views(original, centre, render_config, turned)),
-                                         recognizer)
+    turned_descriptor, _ = describe_views(original, centre, render_config, turned, recognizer)
     return {"template_distance_to_original": (None if template_descriptor is None
                                               else face_distance(template_descriptor, original_descriptor)),
             "rerendering_distance": (None if turned_descriptor is None
@@ -257,31 +287,23 @@ def _open_recognizer(original: Volume, anonymized: Volume, centre: np.ndarray, r
     """The open face recognizer's evidence (see the module doc): descriptors of the original and
     the anonymized scan (several views) against the reference heads' descriptors."""
     from .face_recognition import FaceRecognizer, face_distance
-    from .face_renderings import FaceRenderingConfig, render_canonical_views
-    from .privacy_attacks import describe_head
 
     gallery = references["recognizer"]
-    render_config = FaceRenderingConfig(field_of_view_mm=references["field_of_view_mm"],
-                                        grid_size=references["grid_size"], image_size=gallery["render_size"],
-                                        device=config.rendering_device)
+    render_config = recognizer_rendering(references, config.rendering_device)
     recognizer = FaceRecognizer()
-    original_descriptor, original_score = describe_head(
-        list(render_canonical_views(original, centre, render_config, gallery["views"])), recognizer)
-    anonymized_descriptor, anonymized_score = describe_head(
-        list(render_canonical_views(anonymized, centre, render_config, gallery["views"])), recognizer)
+    original_descriptor, _ = describe_views(original, centre, render_config, gallery["views"], recognizer)
+    anonymized_descriptor, anonymized_score = describe_views(anonymized, centre, render_config, gallery["views"],
+                                                             recognizer)
     threshold = gallery["same_person_threshold"]
-    if not np.isfinite(threshold):  # a reference set without calibration: no reference is the same person
-        threshold = 0.0
     result: Dict[str, Any] = {"face_found_in_original": original_descriptor is not None,
                               "face_found_in_anonymized": anonymized_descriptor is not None,
                               "detector_score_anonymized": (float(anonymized_score) if anonymized_descriptor is not None
                                                             else None),
-                              "same_person_threshold": threshold, "identified": False}
+                              "same_person_threshold": float(threshold) if np.isfinite(threshold) else 0.0,
+                              "identified": False}
     if original_descriptor is None or anonymized_descriptor is None:
         return result
-    references_found = [d for d in gallery["descriptors"] if np.all(np.isfinite(d))]
-    # a reference head the recognizer cannot tell from the original is the same person: left out
-    others = [d for d in references_found if face_distance(d, original_descriptor) > threshold]
+    others, left_out = other_references(gallery, original_descriptor)
     distance = face_distance(anonymized_descriptor, original_descriptor)
     to_references = np.array([face_distance(anonymized_descriptor, d) for d in others])
     rank = int(np.sum(to_references <= distance)) if len(others) else 0
@@ -291,7 +313,7 @@ def _open_recognizer(original: Volume, anonymized: Volume, centre: np.ndarray, r
     identified, cleared = recognizer_identifies(distance, to_references, kinship["template_distance_to_original"],
                                                 kinship["rerendering_distance"] or 0.0)
     result.update({"distance_to_original": distance, "n_references": len(others),
-                   "references_left_out_as_same_person": len(references_found) - len(others),
+                   "references_left_out_as_same_person": left_out,
                    "nearest_reference_distance": float(to_references.min()) if len(others) else None,
                    "rank": rank, "identified": identified, "template_kinship": cleared, **kinship})
     return result
