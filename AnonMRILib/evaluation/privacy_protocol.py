@@ -429,27 +429,33 @@ def _original_labels(scan, tissue_config, cache_dir: Path, cache_key: str) -> Vo
 
 
 # --- main ---------------------------------------------------------------------------------------
-def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attacker: Optional[Path] = None,
-             save_reference: Optional[Path] = None, reference_count: int = 16, grid_rows: int = 4,
-             discussion: Optional[str] = None) -> Dict:
-    """Run the whole evaluation and write the report folder; ``discussion``: markdown written under
-    the goals table (why a goal is missed: the person who ran the evaluation reads the figures and
-    says so), kept in ``privacy.json`` too."""
-    from ..datasets.population import PopulationConfig, generate_population
-    from ..rendering import save_png
-    from .privacy_attacks import attacker_training_config, run_attacks, run_open_recognizer
-    from .privacy_report import (evaluation_goals, markdown_report, plot_identification, plot_losses,
-                                 plot_top_alpha, rendering_grid, summarise_tissue)
+def _prepare_run(config: EvaluationConfig, out_dir: Path, work_dir: Path):
+    """Validate ``config``, create the folders, and return (population config, heads, anonymizers)."""
+    from ..datasets.population import PopulationConfig
 
-    started = time.time()
     config.validate()
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
     population_config = PopulationConfig(subjects_per_head=config.subjects_per_head,
                                          scans_per_subject=config.scans_per_subject, seed=config.population_seed,
                                          face_shape_amplitude=config.face_shape_amplitude)
-    heads = load_heads(config)
-    anonymizers = Anonymizers(config)
+    return population_config, load_heads(config), Anonymizers(config)
+
+
+def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attacker: Optional[Path] = None,
+             save_reference: Optional[Path] = None, reference_count: int = 16, grid_rows: int = 4,
+             discussion: Optional[str] = None) -> Dict:
+    """Run the whole evaluation and write the report folder; ``discussion``: markdown written under
+    the goals table (why a goal is missed: the person who ran the evaluation reads the figures and
+    says so), kept in ``privacy.json`` too."""
+    from ..datasets.population import generate_population
+    from ..rendering import save_png
+    from .privacy_attacks import attacker_training_config, run_attacks, run_open_recognizer
+    from .privacy_report import (evaluation_goals, markdown_report, plot_identification, plot_losses,
+                                 plot_top_alpha, rendering_grid, summarise_tissue)
+
+    started = time.time()
+    population_config, heads, anonymizers = _prepare_run(config, out_dir, work_dir)
     notes = [n for n in (anonymizers.cpgan_note, anonymizers.reface_note) if n]
     if anonymizers.cpgan_weights is not None:
         notes.append(f"CP-GAN weights: {anonymizers.cpgan_weights.name} "
@@ -576,6 +582,51 @@ def evaluate(config: EvaluationConfig, out_dir: Path, work_dir: Path, save_attac
     (out_dir / "report.md").write_text(markdown_report(result))
     logger.info(f"report written to {out_dir} in {result['wall_time_s'] / 60:.1f} min")
     return result
+
+
+def evaluate_brain_agreement(config: EvaluationConfig, out_dir: Path, work_dir: Path) -> Dict:
+    """Only the brain-analysis agreement of :func:`evaluate`: the same population, the same
+    ``tissue_scans`` scans (first scan of subjects drawn with ``config.seed``), every volume method
+    of ``config.methods``; writes ``brain_agreement.json`` and, when ``privacy.json`` is there,
+    replaces its ``brain_agreement`` entry (the rest of that report is left as it was). Original
+    labels are cached in ``work_dir`` as in :func:`evaluate`."""
+    from ..datasets.population import generate_population
+    from .privacy_report import summarise_tissue
+    from .tissue_segmentation import TissueSegmentationConfig, segment_tissues, tissue_agreement
+
+    population_config, heads, anonymizers = _prepare_run(config, out_dir, work_dir)
+    methods = [m for m in config.methods if m in VOLUME_METHODS and anonymizers.available(m)]
+    head_keys = [fingerprint([h.name, h.volume.shape, h.volume.affine.round(4).tolist(),
+                               float(np.asarray(h.volume.array, np.float64).sum()),
+                               int(np.asarray(h.brain_mask.array).sum())]) for h in heads]
+    population_values = {k: v for k, v in population_config.to_dict().items() if k != "subjects_per_head"}
+    tissue_key = fingerprint([CACHE_VERSION, head_keys, population_values, config.brain_mask_backend,
+                              brain_extraction_fingerprint(), "brain-agreement"])
+    subject_ids = sorted({f"{h.name}-s{i:04d}" for h in heads for i in range(config.subjects_per_head)})
+    tissue_rng = np.random.default_rng(config.seed)
+    tissue_subjects = set(tissue_rng.choice(subject_ids, size=min(config.tissue_scans, len(subject_ids)),
+                                            replace=False).tolist()) if config.tissue_scans > 0 else set()
+    tissue_config = TissueSegmentationConfig(brain_mask_backend=config.brain_mask_backend)
+    results = []
+    for scan in generate_population(heads, population_config):
+        if scan.subject_id not in tissue_subjects or scan.scan_index != 0:
+            continue
+        started = time.time()
+        original_labels = _original_labels(scan, tissue_config, work_dir, tissue_key)
+        row: Dict = {"scan": scan.scan_id}
+        for method in methods:
+            anonymized = anonymizers.apply(method, scan.volume, scan.brain_mask)
+            row[method] = tissue_agreement(original_labels, segment_tissues(anonymized, tissue_config))
+        results.append(row)
+        logger.info(f"brain agreement {scan.scan_id}: {time.time() - started:.0f} s")
+    agreement = summarise_tissue(results, methods, config.brain_mask_backend)
+    write_json(out_dir / "brain_agreement.json", agreement)
+    report_path = out_dir / "privacy.json"
+    if report_path.is_file():
+        report = json.loads(report_path.read_text())
+        report["brain_agreement"] = {k: v for k, v in agreement.items() if k != "per_scan"}
+        write_json(report_path, report)
+    return agreement
 
 
 def attacker_training_pool(heads: Sequence, population_config, config: EvaluationConfig, anonymizers: "Anonymizers",

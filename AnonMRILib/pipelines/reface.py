@@ -1,10 +1,10 @@
-"""REFACE: replace everything outside the brain by an average head placed from gamma(x) alone.
+"""REFACE: replace everything outside the brain by a template head placed from gamma(x) alone.
 
 The mri_reface / AFNI refacer family without their templates' licences or FreeSurfer: the face,
-skull, scalp, ears and neck of the output are the template head of
-:mod:`AnonMRILib.transforms.anatomical_prior` (pydeface's mean head's tissue, MIT, under
-MakeHuman's neutral skin, CC0), carried onto the
-patient by the brain mask and the convex hull; the brain is the patient's, bit for bit.
+skull, scalp, ears and neck of the output are the tissue model of
+:mod:`AnonMRILib.transforms.anatomical_prior` (one real head's labelled non-brain tissues, BSD,
+under MakeHuman's neutral skin, CC0), carried onto the patient by the brain mask and the convex
+hull and drawn in the contrast of the patient's own brain; the brain is the patient's, bit for bit.
 
     from AnonMRILib.pipelines.reface import reface
     out = reface(volume, brain_mask=mask)        # Volume on volume's grid and dtype
@@ -15,9 +15,10 @@ hull on the input grid and its air level are used) -> T(x) placed from (b, c, me
 f = b*x + (1-b)*T, brain voxels checked bit for bit.
 
 **Invariant (tested):** outside the brain the output depends on the input only through
-gamma(x) = [c, b, b*x]: the prior sees the brain mask, the hull and the brain's median intensity;
-the air level is the median of the voxels below the head threshold (air, outside the head).
-``seed`` drives the hull's random rotations and facets.
+gamma(x) = [c, b, b*x]: the prior sees the brain mask, the hull and the brain's voxels (its
+tissue levels, noise level and outermost layer); the air level is the median of the voxels below
+the head threshold (air, outside the head). ``seed`` drives the hull's random rotations and
+facets and the prior's noise.
 """
 from typing import Any, Dict, Optional, Tuple
 
@@ -36,7 +37,8 @@ def place_prior_for(volume: Volume, mask: Volume, seed: int = 0, config=None,
 
     transform = privacy_transform(volume, mask, PrivacyTransformConfig(size=HULL_MODEL_SIZE), seed=seed,
                                   progress=sub_progress(progress, 0.0, 0.3))
-    return prior_from_transform(volume, transform, config=config, progress=sub_progress(progress, 0.3, 1.0)), transform
+    return (prior_from_transform(volume, transform, config=config, progress=sub_progress(progress, 0.3, 1.0), seed=seed),
+            transform)
 
 
 def reface_with_details(volume: Volume, brain_mask: Optional[Volume] = None, seed: int = 0,
@@ -55,7 +57,7 @@ def reface_with_details(volume: Volume, brain_mask: Optional[Volume] = None, see
     mask = resolve_brain_mask(volume, brain_mask, progress=sub_progress(progress, 0.0, 0.4), device=device)
     timings["brain_mask"] = time.perf_counter() - start
     start = time.perf_counter()
-    report(progress, 0.4, "placing the average head")
+    report(progress, 0.4, "placing the template head")
     prior, transform = place_prior_for(volume, mask, seed=seed, config=config,
                                        progress=sub_progress(progress, 0.4, 0.95))
     timings["anatomical_prior"] = time.perf_counter() - start
@@ -67,7 +69,7 @@ def reface_with_details(volume: Volume, brain_mask: Optional[Volume] = None, see
 
 def reface(volume: Volume, brain_mask: Optional[Volume] = None, seed: int = 0,
            progress: Optional[ProgressCallback] = None, config=None, device: str = "auto") -> Volume:
-    """De-identify a whole-head T1 by replacing all but the brain with the placed average head.
+    """De-identify a whole-head T1 by replacing all but the brain with the placed template head.
 
     ``brain_mask``: nonzero = brain on ``volume``'s grid, or None to compute one (on ``device``).
     ``config``: :class:`~AnonMRILib.transforms.anatomical_prior.AnatomicalPriorConfig` or None.

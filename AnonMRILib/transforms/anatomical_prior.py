@@ -1,14 +1,20 @@
-"""Anatomical prior T(x): an average head carried onto the patient from gamma(x) alone.
+"""Anatomical prior T(x): a tissue-label head model carried onto the patient from gamma(x) alone.
 
 T(x) supplies everything a remodeled head needs outside the brain (face, skull, scalp, ears,
-neck) at the input's own resolution, from a template head that identifies nobody: pydeface's
-mean head's tissue (MIT) under MakeHuman's neutral skin (CC0), built by
-``Training/make_reface_template.py --face-mesh`` (see ``AnonMRILib/data/templates/ATTRIBUTION.md``). It is the REFACE method on its own
-(:mod:`AnonMRILib.pipelines.reface`) and the base that CP-GAN adds its learned variation to.
+neck) at the input's own resolution, from a template that identifies nobody: the non-brain
+tissues of one real head (the ROBEX reference head, BSD) labelled class by class (skin, fat,
+muscle, skull tables, diploe and marrow, dura, CSF, eye globes with lens and optic nerve, sinuses
+and airways, teeth, mucosa, spinal cord) and carried under MakeHuman's neutral skin (CC0), built
+by ``Training/make_reface_template.py`` (see ``AnonMRILib/data/templates/ATTRIBUTION.md``). It is
+the REFACE method on its own (:mod:`AnonMRILib.pipelines.reface`) and the base that CP-GAN warps
+(the generator only moves T's tissue; it never saw T's intensities change its field: the shipped
+generator's displacement on sub-01 moved by 0.017 model voxels on average, 0.31 at most, when T
+went from the earlier average head to this model).
 
-**Only gamma(x) places it.** :func:`place_anatomical_prior` takes the patient's brain mask b(x),
-convex hull c(x) (both on the input grid), the median brain intensity (from b(x)*x) and the air
-level; it never sees a face, skull or scalp voxel. Steps (all in RAS mm):
+**Only gamma(x) places and draws it.** :func:`place_anatomical_prior` takes the patient's brain
+mask b(x) and convex hull c(x) (both on the input grid), the brain's tissue levels and noise
+level and its outermost voxels (all from b(x)*x), the air level and a seed; it never sees a
+face, skull or scalp voxel. Steps (all in RAS mm):
 
 1. **features**: on a registration grid (RAS-aligned, ``registration_spacing_mm``, the hull's
    bounding box plus 30 mm), each head is described by
@@ -24,20 +30,41 @@ level; it never sees a face, skull or scalp voxel. Steps (all in RAS mm):
    template's hull onto the patient's hull and its brain onto the patient's brain. The field is
    stiff (12 mm): with 6 mm it followed the hull's flat facets and swelled one side of the face
    (dlib's detector on the refaced ROBEX atlas 1.45, with 12 mm 2.43; originals 1.70-2.48);
-4. **resampling**: the template head (linear) onto the input grid through affine + displacement;
-5. **intensity**: the template's units scaled so that its median brain intensity equals the
-   patient's (``brain_median``); air = ``background``;
-6. **beyond the template**: where the template has no data (a patient scanned lower into the
-   neck than the average head reaches), the placed template's neck is continued straight down
+4. **brain-edge refinement** (:func:`_refine_brain_edge`): a second, supple demons field
+   (``edge_spacing_mm``, smoothed by ``edge_smoothing_mm``) on the two brains' signed distances
+   clipped at ``edge_clip_mm``, faded out between ``edge_reach_mm`` outside the patient's brain: the
+   template's CSF, dura and inner table follow the patient's brain edge, while skin and face stay
+   where the stiff field put them. (Pulling the template's hull onto the patient's over the vault as
+   well, as a first version did, gave the output the patient's head shape: dlib's detector fell to
+   1.65-1.75 on the refaced ROBEX atlas and sub-01, and sub-01's face came out nearest its own other
+   scan.);
+5. **rendering** (:meth:`TemplateHead.render`, :mod:`AnonMRILib.transforms.tissue_model`): every
+   class at its level on the patient's own tissue scale (air, CSF, GM, WM of b*x; above WM by the
+   ratio to WM, stretched by ``bright_stretch``: the source's scalp and marrow are dim for a T1),
+   plus the source's within-class texture, times the skin occupancy (the label map's head
+   smoothed by ``skin_smoothing_mm``); smoothed along any axis where the input's voxels are
+   thicker than the template's (:func:`_antialias_for`: 6.5 mm slices integrate 6.5 mm);
+6. **resampling**: the rendering onto the input grid through affine + both displacements, cubic
+   B-spline (with linear interpolation the head outside the brain of sub-01 had 16 % less
+   gradient);
+7. **beyond the template**: where the template has no data (a patient scanned lower into the
+   neck than the template reaches), the placed template's neck is continued straight down
    (along the input axis nearest to superior-inferior, each column repeats the placed template
    ``neck_source_mm`` above its lower end), kept inside the patient's hull (smoothed by a 1 mm
    Gaussian), blended over ``fov_blend_mm`` above the template's lower end. (Filling the whole hull
    there instead drew a skirt: the hull's lowest slices are far wider than a neck.)
-7. **no cut edges**: nothing is clipped at the hull; the prior fades to the air level between
+8. **no seam at the brain** (:func:`continue_brain_edge`): the brain mask's own outermost
+   millimetre (extra-axial CSF for an HD-BET mask, grey matter for a tight one, enhancing dura
+   after contrast) continues over the first ``rim_mm`` outside it, then the template's dura and
+   inner table; the template's own brain is drawn as what surrounds it, never as a cortex;
+9. **noise**: seeded Rician noise at the patient's noise level (:func:`white_matter_noise` of b*x)
+   less the template's own;
+10. **no cut edges**: nothing is clipped at the hull; the prior fades to the air level between
    ``outside_hull_mm`` and twice that outside c(x) (drops stray template matter far from the head).
 
-Choices where the paper is silent (it has no prior): the template, the feature image and the
-registration are ours; the output is a float32 Volume in the patient's units on the input grid.
+Choices where the paper is silent (it has no prior): the template, the feature image, the
+registration and the rendering are ours; the output is a float32 Volume in the patient's units on
+the input grid.
 """
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,15 +75,17 @@ import numpy as np
 from ..errors import InputError
 from ..io.volume import Volume
 from ..progress import ProgressCallback, report
+from .tissue_model import LABEL, TissueClasses, TissueLevels, add_rician_noise, render_tissue
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "data" / "templates"
-TEMPLATE_FILES = ("reface_template_T1w.nii.gz", "reface_template_brain_mask.nii.gz",
-                  "reface_template_convex_hull.nii.gz")
+TEMPLATE_FILES = ("reface_template_labels.nii.gz", "reface_template_texture.nii.gz",
+                  "reface_template_brain_mask.nii.gz", "reface_template_convex_hull.nii.gz",
+                  "reface_template_tissue.json")
 
 
 @dataclass(frozen=True)
 class AnatomicalPriorConfig:
-    """Placement settings (see the module docstring; lengths in mm)."""
+    """Placement and rendering settings (see the module docstring; lengths in mm)."""
 
     registration_spacing_mm: float = 3.0
     distance_clip_mm: float = 12.0
@@ -67,6 +96,32 @@ class AnatomicalPriorConfig:
     outside_hull_mm: float = 4.0
     #: the neck below the template repeats the placed template this far above its lower end (mm)
     neck_source_mm: float = 3.0
+    #: Gaussian (mm) that turns the label map's outer boundary into a smooth skin surface
+    skin_smoothing_mm: float = 0.75
+    #: draw the source head's within-class texture (False: flat classes)
+    texture: bool = True
+    #: tissue-scale values above WM (fat, marrow) drawn at 3 + stretch * (s - 3)
+    bright_stretch: float = 2.0
+    #: add seeded noise up to the patient's noise level (measured in its white matter)
+    noise: bool = True
+    #: brain-edge refinement: demons on the brains' signed distances (clipped at
+    #: ``edge_clip_mm``) at ``edge_spacing_mm``, field smoothed by ``edge_smoothing_mm``, so that
+    #: the template's CSF, dura and inner table follow the patient's brain edge (0 iterations = off)
+    edge_spacing_mm: float = 2.0
+    edge_clip_mm: float = 8.0
+    edge_iterations: int = 40
+    edge_smoothing_mm: float = 3.0
+    #: the refinement fades out between these distances outside the patient's brain (mm), so the skin
+    #: and the face stay where the stiff hull field put them (a field reaching the skin carried the
+    #: patient's vault shape into the output and cost dlib's detector 0.3-0.8)
+    edge_reach_mm: Tuple[float, float] = (5.0, 15.0)
+    #: the skin's edge blurred like an MR edge: Gaussian sigma (mm) over the head's outer band (mm)
+    skin_psf_mm: float = 1.0
+    skin_band_mm: float = 3.0
+    #: the brain's own edge level continues this far outside its mask (mm; 0 = off), measured
+    #: over ``edge_level_mm`` along the edge (:func:`continue_brain_edge`)
+    rim_mm: float = 2.0
+    edge_level_mm: float = 3.0
     template_dir: Path = field(default=TEMPLATE_DIR)
 
     def __post_init__(self) -> None:
@@ -78,25 +133,86 @@ class AnatomicalPriorConfig:
 
 
 @dataclass(frozen=True)
-class AverageHead:
-    """The shipped average head (uint8 units), its brain mask and convex hull, on one RAS grid."""
+class TemplateHead:
+    """The shipped tissue model (:mod:`AnonMRILib.transforms.tissue_model`): uint8 labels on a
+    1 mm RAS grid, the source's within-class texture (int8, tissue-scale units x
+    ``texture_scale``, on its own grid), the template's brain mask and convex hull, the per-class
+    levels and the source head's own tissue levels and brain median (its units)."""
 
-    head: Volume
+    labels: Volume
+    texture: Volume
     brain_mask: Volume
     convex_hull: Volume
+    classes: TissueClasses
+    source_levels: TissueLevels
+    source_brain_median: float
+    texture_scale: float
+    #: the noise the rendered template already carries, as a fraction of (WM - CSF)
+    noise_fraction: float = 0.0
+
+    def levels_for_median(self, brain_median: float, background: float) -> TissueLevels:
+        """The source's levels scaled so that its brain median (above air) is ``brain_median``
+        (above ``background``): the rendering of a patient known only by its brain median."""
+        source = self.source_levels
+        gain = float(brain_median - background) / max(self.source_brain_median - source.air, 1e-6)
+        return source.scaled(gain, float(background) - gain * source.air)
+
+    def render(self, levels: TissueLevels, config: "AnatomicalPriorConfig") -> np.ndarray:
+        """float32 on the labels' grid, ``levels``' units *above air* (0 = air): every class drawn
+        at its level on the patient's tissue scale plus the source's texture
+        (:func:`render_tissue`), times the skin occupancy (the label map's head smoothed by
+        ``skin_smoothing_mm``, so that the skin surface is smooth at any resolution)."""
+        from scipy import ndimage
+
+        from .model_grid import resample_array
+
+        labels = np.asarray(self.labels.array)
+        texture = None
+        if config.texture:
+            texture = resample_array(np.asarray(self.texture.array, np.float32) / np.float32(self.texture_scale),
+                                     self.texture.affine, self.labels.shape, self.labels.affine, antialias=False)
+        values = render_tissue(labels, texture, self.classes, levels, config.bright_stretch) - np.float32(levels.air)
+        sigma = float(config.skin_smoothing_mm) / np.asarray(self.labels.spacing, np.float64)
+        occupancy = ndimage.gaussian_filter((labels != LABEL["outside"]).astype(np.float32), sigma)
+        values *= occupancy
+        return values
 
 
-def load_average_head(config: AnatomicalPriorConfig = AnatomicalPriorConfig()) -> AverageHead:
+# kept for callers of the earlier name
+AverageHead = TemplateHead
+
+
+def load_template_head(config: Optional["AnatomicalPriorConfig"] = None) -> TemplateHead:
     """Read the template files (InputError when they are missing)."""
+    import json
+
     from ..io import load_volume
 
+    config = config or AnatomicalPriorConfig()
     paths = [Path(config.template_dir) / name for name in TEMPLATE_FILES]
     for path in paths:
         if not path.is_file():
             raise InputError(f"the anatomical prior {path} is missing; reinstall AnonMRI or run "
                              "Training/make_reface_template.py")
-    head, brain, hull = (load_volume(path) for path in paths)
-    return AverageHead(head, brain, hull)
+    labels, texture, brain, hull = (load_volume(path) for path in paths[:4])
+    card = json.loads(paths[4].read_text())
+    return TemplateHead(labels, texture, brain, hull, TissueClasses.from_dict(card["classes"]),
+                        TissueLevels(**card["source_levels"]), float(card["source_brain_median"]),
+                        float(card["texture_scale"]), float(card.get("noise_fraction", 0.0)))
+
+
+load_average_head = load_template_head
+
+
+def render_template_head(levels: Optional[TissueLevels] = None, config: Optional["AnatomicalPriorConfig"] = None
+                         ) -> Volume:
+    """The template head itself, rendered (float32 on its labels' grid) at ``levels`` (default: its
+    source head's own), for figures and as a reference head (e.g. ``evaluate_faces.py
+    --reference-head``); its brain is drawn as what surrounds it."""
+    config = config or AnatomicalPriorConfig()
+    template = load_template_head(config)
+    levels = levels or template.source_levels
+    return template.labels.with_array(template.render(levels, config) + np.float32(levels.air))
 
 
 def template_face(config: AnatomicalPriorConfig = AnatomicalPriorConfig()) -> Volume:
@@ -216,7 +332,7 @@ def demons_field(fixed, moving, spacings_mm: Sequence[float], iterations: Sequen
 
 def _inferior_coverage(head: Volume, pad: int = 40) -> Tuple[np.ndarray, np.ndarray]:
     """Ones on the template grid padded by ``pad`` voxels on every side but the inferior one (the
-    template is RAS, axis 2 = S): resampled with 0 outside, it is 0 only below the average head."""
+    template is RAS, axis 2 = S): resampled with 0 outside, it is 0 only below the template head."""
     shape = (head.shape[0] + 2 * pad, head.shape[1] + 2 * pad, head.shape[2] + pad)
     affine = head.affine @ np.array([[1, 0, 0, -pad], [0, 1, 0, -pad], [0, 0, 1, 0], [0, 0, 0, 1.0]])
     return np.ones(shape, np.float32), affine
@@ -224,12 +340,20 @@ def _inferior_coverage(head: Volume, pad: int = 40) -> Tuple[np.ndarray, np.ndar
 
 def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median: float, background: float = 0.0,
                            config: Optional[AnatomicalPriorConfig] = None,
-                           progress: Optional[ProgressCallback] = None) -> Volume:
-    """T(x): the average head placed on the patient from b(x) and c(x); float32 Volume on their grid.
+                           progress: Optional[ProgressCallback] = None, levels: Optional[TissueLevels] = None,
+                           noise_sigma: float = 0.0, seed: int = 0, brain: Optional[Volume] = None,
+                           defer_noise: bool = False):
+    """T(x): the tissue model placed on the patient from b(x) and c(x) and rendered in its
+    contrast; float32 Volume on their grid.
 
     ``brain_mask``, ``convex_hull``: nonzero = inside, one grid (the input's). ``brain_median``:
-    the patient's median intensity inside b(x) (its units); ``background``: the air level.
-    Nothing else of the patient is used (see the module docstring).
+    the patient's median intensity inside b(x) (its units); ``background``: the air level;
+    ``levels``: the brain's CSF / GM / WM levels (:func:`brain_tissue_levels` of b*x; None = the
+    source head's levels scaled to ``brain_median``); ``noise_sigma``: the patient's noise level
+    (its units; 0 = none added); ``seed``: the noise's seed; ``brain``: b*x (the patient's
+    intensities, read only inside b(x)) for the rim that continues the brain's own edge (None = no
+    rim). Nothing else of the patient is used (see the module docstring). ``defer_noise``: return
+    (T(x) without its noise, the :class:`PriorNoise` still to add) instead of T(x).
     """
     import SimpleITK as sitk
 
@@ -238,10 +362,135 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
         raise InputError("the brain mask and the convex hull must share one grid")
     if not np.any(np.asarray(brain_mask.array) != 0):
         raise InputError("the brain mask is empty; cannot place the anatomical prior")
-    if not np.isfinite(brain_median) or not np.isfinite(background):
-        raise InputError("the brain intensity and background level must be finite numbers")
-    report(progress, 0.0, "anatomical prior: loading the average head")
-    template = load_average_head(config)
+    if not np.isfinite(brain_median) or not np.isfinite(background) or not np.isfinite(noise_sigma):
+        raise InputError("the brain intensity, noise and background levels must be finite numbers")
+    report(progress, 0.0, "anatomical prior: loading the tissue model")
+    template = load_template_head(config)
+    if levels is None:
+        levels = template.levels_for_median(brain_median, background)
+    elif abs(levels.air - background) > 1e-6 * max(1.0, abs(background)):
+        levels = TissueLevels(float(background), levels.csf, levels.gm, levels.wm)
+
+    chain, fixed, hull_distance, affine = _placement(brain_mask, convex_hull, template, config, progress)
+
+    report(progress, 0.6, "anatomical prior: rendering the tissue model")
+    rendered = template.render(levels, config)
+    rendered = _antialias_for(rendered, template.labels, brain_mask)
+
+    report(progress, 0.7, "anatomical prior: resampling the tissue model")
+    # smooth weights on the registration grid: the template's inferior coverage and the fade to air
+    covered = sitk.GetArrayFromImage(sitk.Resample(_to_sitk(*_inferior_coverage(template.labels)), fixed, chain,
+                                                   sitk.sitkLinear, 0.0, sitk.sitkFloat32)).transpose(2, 1, 0)
+    from scipy import ndimage
+
+    inside_template = ndimage.distance_transform_edt(covered >= 0.999) * config.registration_spacing_mm
+    template_weight = np.clip(inside_template / config.fov_blend_mm, 0.0, 1.0).astype(np.float32)
+    fade = np.clip(2.0 + hull_distance / config.outside_hull_mm, 0.0, 1.0).astype(np.float32)
+    region = _bounding_box(fade > 0, affine, brain_mask)
+    box_affine = brain_mask.affine @ _translation([a for a, _ in region])
+    reference = _to_sitk(np.zeros(tuple(b - a for a, b in region), np.float32), box_affine)
+    warped = sitk.Resample(_to_sitk(rendered, template.labels.affine), reference, chain, sitk.sitkBSpline, 0.0,
+                           sitk.sitkFloat32)
+    del rendered
+    weights = [sitk.Resample(_to_sitk(w, affine), reference, sitk.Transform(), sitk.sitkLinear, 0.0, sitk.sitkFloat32)
+               for w in (template_weight, fade)]
+    box = tuple(slice(a, b) for a, b in region)
+    hull_box = np.asarray(convex_hull.array)[box]
+    soft_hull = sitk.SmoothingRecursiveGaussian(_to_sitk(hull_box != 0, box_affine), 1.0)
+
+    report(progress, 0.9, "anatomical prior: intensities, edges and noise")
+    arrays = [sitk.GetArrayFromImage(image).transpose(2, 1, 0) for image in [warped] + weights + [soft_hull]]
+    arrays[0] = extrude_inferiorly(arrays[0], arrays[1] > 0.0, box_affine, config.neck_source_mm)
+    values = _compose(*arrays, background=background)
+    values = soften_skin(values, levels, brain_mask.spacing, config)
+    inside = np.asarray(brain_mask.array)[box] != 0
+    if brain is not None and config.rim_mm > 0:
+        values = continue_brain_edge(values, np.asarray(brain.array)[box], inside, brain_mask.spacing, config)
+    extra = 0.0
+    if config.noise and noise_sigma > 0:
+        own = template.noise_fraction * max(levels.wm - levels.csf, 0.0)
+        extra = float(np.sqrt(max(noise_sigma ** 2 - own ** 2, 0.0)))
+    # noise where the prior is head, none in the air more than ``outside_hull_mm`` * 1.5 from the hull
+    noise = PriorNoise(box, np.clip(2.0 * arrays[2] - 1.0, 0.0, 1.0), extra, float(background), int(seed))
+    prior = np.full(brain_mask.shape, np.float32(background), np.float32)
+    prior[box] = values
+    report(progress, 1.0, "anatomical prior placed")
+    if defer_noise:
+        return brain_mask.with_array(prior), noise
+    return brain_mask.with_array(noise.apply(prior))
+
+
+@dataclass(frozen=True)
+class PriorNoise:
+    """The seeded Rician noise of step 9, not yet added: ``sigma`` (the patient's noise level less
+    the template's own), scaled voxel by voxel by ``weight`` over the input-grid region ``box``.
+    :func:`AnonMRILib.pipelines.remodel.warp_prior` adds it *after* warping T(x) (interpolating a
+    noisy T averaged its noise away: the remodeled head outside the brain had half the reface
+    output's noise and 0.68 of the input's gradient instead of 0.78 on sub-01)."""
+
+    box: Tuple[slice, ...]
+    weight: np.ndarray
+    sigma: float
+    background: float
+    seed: int
+
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (input grid, float32 copy) with the noise added inside ``box``."""
+        out = np.array(values, np.float32, copy=True)
+        if self.sigma > 0:
+            out[self.box] = add_rician_noise(out[self.box], self.sigma, self.background,
+                                             np.random.default_rng(self.seed), weight=self.weight)
+        return out
+
+
+def soften_skin(values: np.ndarray, levels: TissueLevels, spacing: Sequence[float],
+                config: AnatomicalPriorConfig) -> np.ndarray:
+    """``values`` (input grid, the patient's units) with the head's outer ``skin_band_mm`` (and the air
+    just outside it) blurred by a Gaussian of ``skin_psf_mm``, fading to the unblurred values at the
+    band's inner end: the label map's skin rises from air to fat within a voxel, sharper than any MR
+    edge, and every iso-surface of it showed the voxel grid as contour-line terraces in renderings."""
+    from scipy import ndimage
+
+    if config.skin_psf_mm <= 0 or config.skin_band_mm <= 0:
+        return values
+    spacing = np.asarray(spacing, np.float64)
+    head = (values - levels.air) > 0.1 * (levels.wm - levels.air)
+    depth = ndimage.distance_transform_edt(head, sampling=spacing)
+    weight = np.clip(1.0 - depth / config.skin_band_mm, 0.0, 1.0).astype(np.float32)
+    blurred = ndimage.gaussian_filter(values, config.skin_psf_mm / spacing, mode="nearest")
+    return (weight * blurred + (1.0 - weight) * values).astype(np.float32)
+
+
+def continue_brain_edge(values: np.ndarray, brain_values: np.ndarray, brain: np.ndarray, spacing: Sequence[float],
+                        config: AnatomicalPriorConfig) -> np.ndarray:
+    """``values`` outside ``brain`` blended, over the first ``rim_mm``, into the brain's own edge
+    level: E = the local mean of the brain's outermost ``rim_mm`` (Gaussian-weighted over
+    ``edge_level_mm``, from ``brain_values`` inside ``brain`` only), weight = the brain mask
+    smoothed by ``rim_mm`` / 2 (0.5 at its edge, ~0 beyond ``rim_mm``), so whatever the brain
+    mask ends in (extra-axial CSF for an HD-BET mask, grey matter for a tight one, enhancing dura
+    after contrast) continues for a millimetre or two before the template's dura and inner table,
+    without a dark ring or a step. All lengths in mm; arrays on one grid of ``spacing``."""
+    from scipy import ndimage
+
+    spacing = np.asarray(spacing, np.float64)
+    soft = ndimage.gaussian_filter(brain.astype(np.float32), 0.5 * config.rim_mm / spacing)
+    band = brain & (soft < 0.85)  # the brain's outer layer
+    sigma = config.edge_level_mm / spacing
+    weight_sum = ndimage.gaussian_filter(band.astype(np.float32), sigma)
+    level = ndimage.gaussian_filter(np.where(band, brain_values, 0).astype(np.float32), sigma)
+    outside = ~brain & (weight_sum > 1e-3)
+    blend = np.clip(soft / 0.25, 0.0, 1.0)[outside]
+    out = values.copy()
+    out[outside] = blend * (level[outside] / weight_sum[outside]) + (1.0 - blend) * values[outside]
+    return out
+
+
+def _placement(brain_mask: Volume, convex_hull: Volume, template: "TemplateHead", config: AnatomicalPriorConfig,
+               progress: Optional[ProgressCallback] = None):
+    """Steps 1-3 (and the brain-edge refinement): (SimpleITK transform patient point -> template
+    point, the registration grid's feature image, the hull's signed distance on it (mm), the
+    registration grid's affine)."""
+    import SimpleITK as sitk
 
     report(progress, 0.1, "anatomical prior: level-set features")
     clip = config.distance_clip_mm
@@ -250,8 +499,8 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
                                                      shape, affine)
     fixed = _to_sitk(level_set_features(hull_distance, brain_distance, clip), affine)
     t_shape, t_affine = registration_grid(template.convex_hull, config.registration_spacing_mm)
-    t_distances = signed_distances([template.convex_hull.array, template.brain_mask.array], template.head.affine,
-                                   t_shape, t_affine)
+    t_distances = signed_distances([template.convex_hull.array, template.brain_mask.array],
+                                   template.convex_hull.affine, t_shape, t_affine)
     moving = _to_sitk(level_set_features(*t_distances, clip), t_affine)
 
     report(progress, 0.25, "anatomical prior: affine fit of brain and hull")
@@ -262,34 +511,72 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
     field = _demons(fixed, moved, config)
     displacement = sitk.DisplacementFieldTransform(sitk.Cast(field, sitk.sitkVectorFloat64))
     chain = sitk.CompositeTransform([affine_transform, displacement])  # displacement first, then affine
+    if config.edge_iterations > 0:
+        report(progress, 0.55, "anatomical prior: brain-edge refinement")
+        chain = _refine_brain_edge(chain, brain_mask, convex_hull, template, config)
+    return chain, fixed, hull_distance, affine
 
-    report(progress, 0.7, "anatomical prior: resampling the average head")
-    # smooth weights on the registration grid: the template's inferior coverage and the fade to air
-    covered = sitk.GetArrayFromImage(sitk.Resample(_to_sitk(*_inferior_coverage(template.head)), fixed, chain,
-                                                   sitk.sitkLinear, 0.0, sitk.sitkFloat32)).transpose(2, 1, 0)
+
+def place_template_labels(brain_mask: Volume, convex_hull: Volume, config: Optional[AnatomicalPriorConfig] = None
+                          ) -> Volume:
+    """The tissue model's labels placed on the patient exactly as :func:`place_anatomical_prior`
+    places its rendering (nearest neighbour; uint8 on the input grid, 0 where the template does
+    not reach): which class each voxel of T(x) was drawn from, for figures and checks."""
+    import SimpleITK as sitk
+
+    config = config or AnatomicalPriorConfig()
+    template = load_template_head(config)
+    chain = _placement(brain_mask, convex_hull, template, config)[0]
+    labels = sitk.Resample(_to_sitk(np.asarray(template.labels.array, np.uint8), template.labels.affine),
+                           _to_sitk(np.zeros(brain_mask.shape, np.uint8), brain_mask.affine), chain,
+                           sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)
+    return brain_mask.with_array(np.ascontiguousarray(sitk.GetArrayFromImage(labels).transpose(2, 1, 0)))
+
+
+def _refine_brain_edge(chain, brain_mask: Volume, convex_hull: Volume, template: "TemplateHead",
+                       config: AnatomicalPriorConfig):
+    """``chain`` followed (in the patient's frame) by a demons field that matches the placed
+    template's brain to the patient's brain (signed distances clipped at ``edge_clip_mm``, on a
+    ``edge_spacing_mm`` grid over the brain plus 30 mm, field smoothed by ``edge_smoothing_mm``),
+    faded out between ``edge_reach_mm`` outside the patient's brain: the template's CSF, dura and
+    inner table follow the patient's brain edge; skin and face stay where the stiff hull field put
+    them. (An earlier version also pulled the template's hull onto the patient's over the vault: the
+    outputs took the patient's head shape, and sub-01's refaced face came out nearest its own other
+    scan.)"""
+    import SimpleITK as sitk
+
+    clip = float(config.edge_clip_mm)
+    shape, affine = registration_grid(brain_mask, config.edge_spacing_mm, margin_mm=30.0)
+    brain = signed_distances([brain_mask.array], brain_mask.affine, shape, affine)[0]
+    fixed = _to_sitk(np.clip(brain, -clip, clip) / clip, affine)
+    t_shape, t_affine = registration_grid(template.convex_hull, config.edge_spacing_mm, margin_mm=60.0)
+    own = signed_distances([template.brain_mask.array], template.brain_mask.affine, t_shape, t_affine)[0]
+    moving = sitk.Resample(_to_sitk(np.clip(own, -clip, clip) / clip, t_affine), fixed, chain, sitk.sitkLinear, -1.0,
+                           sitk.sitkFloat32)
+    field = demons_field(fixed, moving, (config.edge_spacing_mm,), (config.edge_iterations,),
+                         config.edge_smoothing_mm)
+    near, far = config.edge_reach_mm
+    weight = np.clip((brain + far) / max(far - near, 1e-6), 0.0, 1.0).transpose(2, 1, 0)[..., None]
+    faded = sitk.GetImageFromArray((sitk.GetArrayFromImage(field) * weight).astype(np.float64), isVector=True)
+    faded.CopyInformation(field)
+    field = faded
+    refinement = sitk.DisplacementFieldTransform(sitk.Cast(field, sitk.sitkVectorFloat64))
+    return sitk.CompositeTransform([chain, refinement])
+
+
+def _antialias_for(rendered: np.ndarray, grid: Volume, target: Volume) -> np.ndarray:
+    """``rendered`` (on ``grid``, RAS-aligned) smoothed along each world axis by what the
+    target's voxels (thicker than ``grid``'s along that axis, e.g. 6.5 mm slices) integrate:
+    Gaussian FWHM^2 = target extent^2 - grid spacing^2."""
     from scipy import ndimage
 
-    inside_template = ndimage.distance_transform_edt(covered >= 0.999) * config.registration_spacing_mm
-    template_weight = np.clip(inside_template / config.fov_blend_mm, 0.0, 1.0).astype(np.float32)
-    fade = np.clip(2.0 + hull_distance / config.outside_hull_mm, 0.0, 1.0).astype(np.float32)
-    region = _bounding_box(fade > 0, affine, brain_mask)
-    box_affine = brain_mask.affine @ _translation([a for a, _ in region])
-    reference = _to_sitk(np.zeros(tuple(b - a for a, b in region), np.float32), box_affine)
-    warped = sitk.Resample(_to_sitk(template.head.array.astype(np.float32), template.head.affine), reference, chain,
-                           sitk.sitkLinear, 0.0, sitk.sitkFloat32)
-    weights = [sitk.Resample(_to_sitk(w, affine), reference, sitk.Transform(), sitk.sitkLinear, 0.0, sitk.sitkFloat32)
-               for w in (template_weight, fade)]
-    hull_box = np.asarray(convex_hull.array)[tuple(slice(a, b) for a, b in region)]
-    soft_hull = sitk.SmoothingRecursiveGaussian(_to_sitk(hull_box != 0, box_affine), 1.0)
-
-    report(progress, 0.9, "anatomical prior: intensities and edges")
-    arrays = [sitk.GetArrayFromImage(image).transpose(2, 1, 0) for image in [warped] + weights + [soft_hull]]
-    arrays[0] = extrude_inferiorly(arrays[0], arrays[1] > 0.0, box_affine, config.neck_source_mm)
-    box = _compose(*arrays, template=template, brain_median=brain_median, background=background)
-    prior = np.full(brain_mask.shape, np.float32(background), np.float32)
-    prior[tuple(slice(a, b) for a, b in region)] = box
-    report(progress, 1.0, "anatomical prior placed")
-    return brain_mask.with_array(prior)
+    extent = np.abs(np.asarray(target.affine)[:3, :3]).sum(axis=1)  # mm per voxel along R, A, S
+    spacing = np.asarray(grid.spacing, np.float64)
+    fwhm = np.sqrt(np.maximum(extent ** 2 - spacing ** 2, 0.0))
+    sigma = fwhm / 2.3548 / spacing
+    if np.all(sigma < 0.3):
+        return rendered
+    return ndimage.gaussian_filter(rendered, np.where(sigma < 0.3, 0.0, sigma)).astype(np.float32)
 
 
 def _translation(offset: Sequence[int]) -> np.ndarray:
@@ -330,21 +617,26 @@ def extrude_inferiorly(values: np.ndarray, covered: np.ndarray, affine: np.ndarr
 
 
 def _compose(prior: np.ndarray, template_weight: np.ndarray, fade: np.ndarray, soft_hull: np.ndarray,
-             template: AverageHead, brain_median: float, background: float) -> np.ndarray:
+             background: float) -> np.ndarray:
     """Steps 5-7 of the module docstring: template where it reaches, its neck continued below it
-    (``prior`` already extruded) inside the hull, faded to air."""
-    template_values = template.head.array.astype(np.float32)
-    template_scale = float(np.median(template_values[template.brain_mask.array != 0]))
-    gain = float(brain_median - background) / max(template_scale, 1e-6)
+    (``prior`` already extruded, values above air) inside the hull, faded to air."""
     head = template_weight * prior + (1.0 - template_weight) * (prior * soft_hull)
-    return (head * fade * gain + background).astype(np.float32)
+    return (head * fade + background).astype(np.float32)
 
 
 def prior_from_transform(volume: Volume, transform, config: Optional[AnatomicalPriorConfig] = None,
-                         progress: Optional[ProgressCallback] = None) -> Volume:
+                         progress: Optional[ProgressCallback] = None, seed: int = 0, defer_noise: bool = False):
     """T(x) of ``volume`` from its :class:`~AnonMRILib.transforms.privacy.PrivacyTransform`: the
-    brain mask and hull (input grid), the median of b*x and the air level (``normalization.offset``)."""
+    brain mask and hull (input grid), the brain's tissue levels and noise level (both from b*x
+    alone) and the air level (``normalization.offset``); ``seed`` seeds the noise; ``defer_noise``:
+    see :func:`place_anatomical_prior`."""
+    from .tissue_model import brain_tissue_levels, white_matter_noise
+
     brain = np.asarray(transform.brain_mask.array) != 0
-    return place_anatomical_prior(transform.brain_mask, transform.convex_hull,
-                                  float(np.median(np.asarray(volume.array)[brain])),
-                                  background=transform.normalization.offset, config=config, progress=progress)
+    values = np.asarray(volume.array)
+    background = float(transform.normalization.offset)
+    levels = brain_tissue_levels(values[brain], background)
+    sigma = white_matter_noise(values, brain, levels)  # reads only brain voxels (see its docstring)
+    return place_anatomical_prior(transform.brain_mask, transform.convex_hull, float(np.median(values[brain])),
+                                  background=background, config=config, progress=progress, levels=levels,
+                                  noise_sigma=sigma, seed=seed, brain=volume, defer_noise=defer_noise)

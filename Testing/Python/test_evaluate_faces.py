@@ -14,7 +14,11 @@ def test_reference_heads_are_measured_against_the_training_heads(tmp_path):
     import evaluate_faces
     from AnonMRILib.sample_data import sample_head_path
 
-    template = str(Path(__file__).resolve().parents[2] / "AnonMRILib" / "data" / "templates" / "reface_template_T1w.nii.gz")
+    from AnonMRILib.io import save_volume
+    from AnonMRILib.transforms.anatomical_prior import render_template_head
+
+    template = str(tmp_path / "template_T1w.nii.gz")
+    save_volume(render_template_head(), template)
     sample = str(sample_head_path())
     code = evaluate_faces.main(["--out", str(tmp_path), "--size", "192", "--head", "sample",
                                 "--reference-head", f"same={sample}", "--reference-head", f"template={template}",

@@ -1,10 +1,12 @@
-"""REFACE and the anatomical prior T(x): placed from gamma(x) alone, brain kept, a real face."""
+"""REFACE and the anatomical prior T(x): placed from gamma(x) alone, brain kept, a real face, MR
+tissue outside the brain (the tissue model rendered in the patient's contrast), no seam at the
+brain's edge."""
 import numpy as np
 import pytest
 
 from AnonMRILib.errors import InputError
 from AnonMRILib.pipelines.reface import reface, reface_with_details
-from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig, load_average_head, place_anatomical_prior
+from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig, load_template_head, place_anatomical_prior
 from face_judge import assert_another_natural_face
 
 #: a cheaper placement for tests of properties that hold for any setting
@@ -65,8 +67,9 @@ def test_output_outside_the_brain_depends_only_on_gamma(sample, refaced):
 
 
 def test_prior_sees_only_brain_mask_and_hull(sample, refaced):
-    """place_anatomical_prior's inputs are b, c, the brain median and the air level; the same
-    inputs give the same T(x), a different hull a different one."""
+    """place_anatomical_prior's inputs are b, c, the brain's levels (or its median), its noise
+    level, b*x for the edge, the air level and the seed; the same inputs give the same T(x), a
+    different hull a different one."""
     head, mask = sample
     _, details = refaced
     brain, hull = details["brain_mask"], details["convex_hull"]
@@ -79,6 +82,69 @@ def test_prior_sees_only_brain_mask_and_hull(sample, refaced):
     # intensity scale follows the brain median only
     doubled = place_anatomical_prior(brain, hull, 1000.0, 0.0, config=FAST)
     assert np.allclose(doubled.array, 2.0 * first.array, rtol=1e-4, atol=1e-3)
+    # the noise is the seed's
+    noisy = [place_anatomical_prior(brain, hull, 500.0, 0.0, config=FAST, noise_sigma=10.0, seed=seed).array
+             for seed in (0, 0, 1)]
+    assert np.array_equal(noisy[0], noisy[1]) and not np.array_equal(noisy[0], noisy[2])
+
+
+def test_contrast_outside_the_brain_comes_from_the_brain(sample, refaced):
+    """The tissue model is drawn on the brain's own levels: the same head with its brain voxels
+    scaled by 1.5 (and nothing else changed) gives tissue 1.5x as bright above air outside."""
+    from AnonMRILib.transforms.tissue_model import TissueLevels
+
+    head, mask = sample
+    _, details = refaced
+    brain, hull = details["brain_mask"], details["convex_hull"]
+    levels = TissueLevels(0.0, 300.0, 480.0, 620.0)
+    first = place_anatomical_prior(brain, hull, 500.0, 0.0, config=FAST, levels=levels)
+    brighter = place_anatomical_prior(brain, hull, 500.0, 0.0, config=FAST, levels=levels.scaled(1.5))
+    outside = (hull.array != 0) & (brain.array == 0)
+    assert np.allclose(brighter.array[outside], 1.5 * first.array[outside], rtol=1e-4, atol=1e-2)
+
+
+def test_tissue_outside_the_brain_is_mr_structure_not_an_average(sample, refaced):
+    """The head outside the brain has the edges of real tissue layers (skull tables, fat, muscle,
+    air spaces), not a smooth average: its mean gradient magnitude more than 3 mm from the brain is
+    at least 0.6 of the input's (the average-head template gave 0.46 on a 1 mm head), and air
+    spaces (below a quarter of CSF) and fat (above white matter) both occur inside the head."""
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.head_mask import head_mask_array, head_threshold
+    from AnonMRILib.transforms.tissue_model import brain_tissue_levels
+
+    head, mask = sample
+    output, details = refaced
+    brain = mask.array != 0
+    region = head_mask_array(head.array) & (ndimage.distance_transform_edt(~brain, sampling=head.spacing) > 3.0)
+
+    def gradient(volume):
+        return np.sqrt(sum(g ** 2 for g in np.gradient(volume.array.astype(np.float32), *volume.spacing)))
+
+    assert gradient(output)[region].mean() > 0.6 * gradient(head)[region].mean()
+    air = float(np.median(head.array[head.array < head_threshold(head.array)]))
+    levels = brain_tissue_levels(head.array[brain], air)
+    values = output.array[region]
+    assert np.mean(values > levels.wm) > 0.03 and np.mean(values < 0.25 * levels.csf) > 0.02
+
+
+def test_no_dark_ring_or_step_at_the_brain_edge(sample, refaced):
+    """The brain mask's outermost millimetre continues outside it: the first millimetre outside
+    is as bright as the last one inside within a quarter of the GM-CSF contrast (the average-head
+    template left the brain's dark edge against grey tissue: a ring), on the sample at 1.5 mm."""
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.tissue_model import brain_tissue_levels
+
+    head, mask = sample
+    output, _ = refaced
+    brain = mask.array != 0
+    inside = ndimage.distance_transform_edt(brain, sampling=head.spacing)
+    outside = ndimage.distance_transform_edt(~brain, sampling=head.spacing)
+    levels = brain_tissue_levels(head.array[brain], 0.0)
+    last = np.median(output.array[brain & (inside <= 1.5)].astype(float))
+    first = np.median(output.array[~brain & (outside <= 1.5)].astype(float))
+    assert abs(first - last) < 0.25 * (levels.gm - levels.csf)
 
 
 def test_no_cut_edge_and_air_far_outside_the_hull(sample, refaced):
@@ -151,7 +217,7 @@ def test_config_and_template_checks(tmp_path, sample):
     with pytest.raises(InputError):
         AnatomicalPriorConfig(demons_spacings_mm=(6.0,), demons_iterations=(10, 10))
     with pytest.raises(InputError):
-        load_average_head(AnatomicalPriorConfig(template_dir=tmp_path))
+        load_template_head(AnatomicalPriorConfig(template_dir=tmp_path))
     with pytest.raises(InputError):
         place_anatomical_prior(mask.with_array(np.zeros(mask.shape, np.uint8)), mask, 1.0)
 

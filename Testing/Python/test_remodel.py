@@ -308,7 +308,7 @@ def test_displacement_is_bounded_zero_in_the_brain_and_folding_free():
 
 def test_warp_prior_moves_the_prior_by_the_displacement_in_mm(sample):
     """warp_prior reads T at p + u(p) on the input grid: with T = the RAS A coordinate (a linear
-    ramp, so trilinear reading is exact) and u = one model voxel along the model grid's j axis
+    ramp, which cubic B-spline reading reproduces) and u = one model voxel along the model grid's j axis
     (posterior -> anterior), the output deep inside the hull is A + one model voxel in mm."""
     from scipy import ndimage
 

@@ -1,0 +1,98 @@
+"""The tissue-label head model of REFACE and CP-GAN's prior: the brain's levels fix the contrast,
+the classes come out in a T1's order, noise is measured and added at the patient's level."""
+import numpy as np
+import pytest
+
+from AnonMRILib.errors import InputError
+from AnonMRILib.transforms.tissue_model import (CLASSES, LABEL, TissueClasses, TissueLevels, add_rician_noise,
+                                                brain_tissue_levels, from_tissue_scale, noise_sigma, render_tissue,
+                                                to_tissue_scale, white_matter_noise)
+
+#: a T1's brain: air < CSF < grey < white matter (arbitrary units)
+T1 = TissueLevels(air=10.0, csf=200.0, gm=320.0, wm=420.0)
+
+
+def test_tissue_scale_knots_and_inverse():
+    s = np.array([-0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0], np.float32)
+    intensity = from_tissue_scale(s, T1)
+    assert np.allclose(intensity[[1, 3, 5, 7]], [T1.air, T1.csf, T1.gm, T1.wm])
+    assert intensity[-1] == pytest.approx(2 * T1.wm - T1.air)  # s = 4: twice WM above air
+    assert np.allclose(to_tissue_scale(intensity, T1), s, atol=1e-5)
+    assert np.all(np.diff(intensity) > 0)
+    with pytest.raises(InputError):
+        to_tissue_scale(intensity, TissueLevels(air=0.0, csf=400.0, gm=300.0, wm=200.0 + 1e-3))  # a T2's order
+
+
+def test_brain_levels_are_the_three_classes_medians():
+    rng = np.random.default_rng(0)
+    brain = np.concatenate([rng.normal(200, 5, 2000), rng.normal(320, 5, 5000), rng.normal(420, 5, 4000)])
+    levels = brain_tissue_levels(brain, air=10.0)
+    assert levels.csf == pytest.approx(200, abs=3) and levels.gm == pytest.approx(320, abs=3)
+    assert levels.wm == pytest.approx(420, abs=3) and levels.air == 10.0
+    # affine-equivariant: the levels of 3x + 7 are 3 * levels + 7
+    scaled = brain_tissue_levels(3 * brain + 7, air=37.0)
+    assert np.allclose(scaled.values(), levels.scaled(3.0, 7.0).values(), rtol=1e-3)
+
+
+def test_shipped_model_renders_the_expected_class_order_for_a_t1():
+    """Per class (flat, no texture) on a T1's levels: air and bone darkest, then CSF and vitreous,
+    muscle between CSF and GM, the cord like brain tissue, fat above white matter (a T1's fat is
+    about twice WM above air, the source's dimmer scalp stretched by the prior's default)."""
+    from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig, load_template_head
+
+    template = load_template_head()
+    levels = template.classes.levels
+    config = AnatomicalPriorConfig()
+    flat = {name: float(render_tissue(np.array([LABEL[name]], np.uint8), None, template.classes, T1,
+                                      config.bright_stretch)[0]) for name in CLASSES}
+    assert flat["outside"] == T1.air
+    assert flat["air"] < flat["bone"] < flat["csf"] < flat["muscle"] < flat["cord"] < T1.wm < flat["fat"]
+    assert flat["dura"] < flat["csf"] and flat["teeth"] < flat["csf"] and flat["vitreous"] < flat["muscle"]
+    assert flat["marrow"] > T1.wm and flat["fat"] > T1.wm + 0.15 * (T1.wm - T1.air)
+    assert T1.csf < flat["diploe"] < flat["fat"]
+    # every class the model uses is present in the shipped labels, the template's own brain is not
+    present = np.unique(np.asarray(template.labels.array))
+    for name in ("csf", "bone", "marrow", "fat", "muscle", "skin", "air", "vitreous", "lens", "optic_nerve", "cord",
+                 "teeth", "mucosa", "dura", "diploe"):
+        assert LABEL[name] in present, name
+    assert LABEL["brain"] not in present
+    assert levels.shape == (len(CLASSES),)
+
+
+def test_rendering_follows_the_patients_contrast():
+    """The same labels on two brains: intensities are the tissue scale read on each brain's levels
+    (doubling every level doubles the rendering) and texture stays within each class's limit."""
+    classes = TissueClasses(np.linspace(0.0, 3.5, len(CLASSES)).astype(np.float32),
+                            np.full(len(CLASSES), 0.2, np.float32))
+    labels = np.arange(len(CLASSES), dtype=np.uint8).repeat(4)
+    texture = np.tile(np.array([-1.0, -0.1, 0.1, 1.0], np.float32), len(CLASSES))
+    once = render_tissue(labels, texture, classes, T1)
+    twice = render_tissue(labels, texture, classes, T1.scaled(2.0))
+    assert np.allclose(twice, 2 * once, rtol=1e-5)
+    s = to_tissue_scale(once[labels != LABEL["outside"]], T1)
+    assert np.all(np.abs(s - classes.levels[labels[labels != LABEL["outside"]]]) <= 0.2 + 1e-4)
+    with pytest.raises(InputError):
+        render_tissue(np.array([len(CLASSES)], np.uint8), None, classes, T1)
+
+
+def test_noise_is_measured_in_white_matter_and_added_as_magnitude_noise():
+    rng = np.random.default_rng(1)
+    volume = np.full((40, 40, 40), 320.0, np.float32)
+    volume[10:30, 10:30, 10:30] = 420.0  # white matter
+    brain = np.zeros(volume.shape, bool)
+    brain[5:35, 5:35, 5:35] = True
+    noisy = volume + rng.normal(0.0, 12.0, volume.shape).astype(np.float32)
+    assert white_matter_noise(noisy, brain, T1) == pytest.approx(12.0, rel=0.1)
+    assert noise_sigma(volume, brain) < 1e-3
+    # reads only the brain: values outside it do not matter
+    other = np.where(brain, noisy, 1e6).astype(np.float32)
+    assert white_matter_noise(other, brain, T1) == white_matter_noise(noisy, brain, T1)
+    signal = np.full((60, 60, 60), 420.0, np.float32)
+    added = add_rician_noise(signal, 12.0, T1.air, np.random.default_rng(2))
+    assert noise_sigma(added, np.ones(signal.shape, bool)) == pytest.approx(12.0, rel=0.1)
+    air = add_rician_noise(np.full((60, 60, 60), T1.air, np.float32), 12.0, T1.air, np.random.default_rng(2))
+    assert np.all(air >= T1.air) and float(np.mean(air - T1.air)) == pytest.approx(12.0 * np.sqrt(np.pi / 2), rel=0.05)
+    same = add_rician_noise(signal, 12.0, T1.air, np.random.default_rng(2))
+    assert np.array_equal(same, added)
+    untouched = add_rician_noise(signal, 12.0, T1.air, np.random.default_rng(2), weight=np.zeros(signal.shape))
+    assert np.array_equal(untouched, signal)
