@@ -19,8 +19,9 @@ from the patient's own brain, which is part of gamma(x):
    label, t the source head's own within-class texture on the tissue scale (clipped per class, so
    every boundary is the label map's, sharp at 1 mm);
 4. **noise** (:func:`noise_sigma`, :func:`add_rician_noise`): seeded Rician noise at the patient's
-   noise level, estimated from the brain's white matter (the part of the noise the rendered,
-   resampled template lacks).
+   noise level, estimated from the brain's white matter (in-plane neighbours only for thick
+   slices), the part of the noise the rendered, resampled template lacks; it scales with the
+   signal up to the CSF level and is absent in air (see the anatomical prior's step 9).
 
 The relation is measured on a T1 head (CSF < GM < WM). On inputs with another order (a T2, where
 CSF is brightest) each class still takes the level of its T1 analogue on the patient's scale:
@@ -161,43 +162,71 @@ def render_tissue(labels: np.ndarray, texture: Optional[np.ndarray], classes: Ti
     return out
 
 
-def neighbour_residual(array: np.ndarray) -> np.ndarray:
-    """x - mean of its 6 face neighbours (float32; edges replicated): white noise of std sigma
-    gives a residual of std sigma * sqrt(7/6)."""
+#: axes whose spacing is at most this multiple of the finest count as in-plane for the noise estimate
+IN_PLANE_SPACING_RATIO = 1.5
+
+
+def noise_axes(spacing: Optional[Sequence[float]], ndim: int = 3) -> Tuple[int, ...]:
+    """Axes along which neighbours are compared for the noise estimate: all of them for (near)
+    isotropic voxels, only the in-plane ones (spacing <= :data:`IN_PLANE_SPACING_RATIO` x the
+    finest) for thick slices, whose neighbours across slices differ by anatomy, not noise (brain1,
+    0.78 x 0.78 x 6.5 mm: 66.6 with all six neighbours, 12 from the in-plane ones)."""
+    if spacing is None:
+        return tuple(range(ndim))
+    spacing = np.asarray(spacing, np.float64)
+    return tuple(int(a) for a in np.flatnonzero(spacing <= IN_PLANE_SPACING_RATIO * spacing.min()))
+
+
+def neighbour_residual(array: np.ndarray, axes: Sequence[int] = (0, 1, 2)) -> np.ndarray:
+    """x - mean of its 2k face neighbours along ``axes`` (k of them; float32, edges replicated):
+    white noise of std sigma gives a residual of std sigma * sqrt(1 + 1 / 2k)."""
     from scipy import ndimage
 
     x = np.asarray(array, np.float32)
-    kernel = np.zeros((3, 3, 3), np.float32)
-    kernel[1, 1, 1] = 1.0
-    for offset in ((0, 1, 1), (2, 1, 1), (1, 0, 1), (1, 2, 1), (1, 1, 0), (1, 1, 2)):
-        kernel[offset] = -1.0 / 6.0
+    kernel = np.zeros((3,) * x.ndim, np.float32)
+    centre = (1,) * x.ndim
+    kernel[centre] = 1.0
+    for axis in axes:
+        for side in (0, 2):
+            offset = list(centre)
+            offset[axis] = side
+            kernel[tuple(offset)] = -1.0 / (2 * len(axes))
     return ndimage.convolve(x, kernel, mode="nearest")
 
 
-def noise_sigma(array: np.ndarray, region: np.ndarray) -> float:
+def noise_sigma(array: np.ndarray, region: np.ndarray, spacing: Optional[Sequence[float]] = None) -> float:
     """Robust white-noise standard deviation (``array``'s units) in ``region`` (bool): the median
-    absolute 6-neighbour residual / 0.6745 / sqrt(7/6); 0 when the region is empty."""
+    absolute residual of :func:`neighbour_residual` along :func:`noise_axes` (``spacing`` in mm,
+    None = isotropic) / 0.6745 / sqrt(1 + 1 / 2k); 0 when the region is empty."""
     region = np.asarray(region, bool)
     if not region.any():
         return 0.0
+    axes = noise_axes(spacing, region.ndim)
     index = np.argwhere(region)
     low, high = np.maximum(index.min(axis=0) - 1, 0), index.max(axis=0) + 2
     box = tuple(slice(a, b) for a, b in zip(low, high))
-    residual = neighbour_residual(np.asarray(array)[box])[region[box]]
-    return float(np.median(np.abs(residual)) / 0.6745 / np.sqrt(7.0 / 6.0))
+    residual = neighbour_residual(np.asarray(array)[box], axes)[region[box]]
+    return float(np.median(np.abs(residual)) / 0.6745 / np.sqrt(1.0 + 0.5 / len(axes)))
 
 
-def white_matter_noise(array: np.ndarray, brain: np.ndarray, levels: TissueLevels) -> float:
+def white_matter_noise(array: np.ndarray, brain: np.ndarray, levels: TissueLevels,
+                       spacing: Optional[Sequence[float]] = None) -> float:
     """Noise level of a scan from its brain (part of gamma): :func:`noise_sigma` over the white
-    matter (brain voxels brighter than midway between GM and WM) eroded by one voxel (6-connected),
-    so every voxel it reads, the region and its 6 neighbours, lies in ``brain``."""
+    matter (brain voxels brighter than midway between GM and WM) eroded by one voxel along the
+    compared axes, so every voxel it reads, the region and its neighbours, lies in ``brain``."""
     from scipy import ndimage
 
     brain = np.asarray(brain, bool)
     values = np.asarray(array)
     white = brain & (values > 0.5 * (levels.gm + levels.wm))
-    white = ndimage.binary_erosion(white)
-    return noise_sigma(values, white if white.sum() > 100 else brain)
+    structure = np.zeros((3,) * brain.ndim, bool)
+    for axis in noise_axes(spacing, brain.ndim):
+        index = [1] * brain.ndim
+        for side in (0, 1, 2):
+            index[axis] = side
+            structure[tuple(index)] = True
+    white = ndimage.binary_erosion(white, structure=structure)
+    return noise_sigma(values, white if white.sum() > 100 else brain, spacing)
 
 
 def add_rician_noise(values: np.ndarray, sigma: float, air: float, rng: np.random.Generator,

@@ -96,3 +96,31 @@ def test_noise_is_measured_in_white_matter_and_added_as_magnitude_noise():
     assert np.array_equal(same, added)
     untouched = add_rician_noise(signal, 12.0, T1.air, np.random.default_rng(2), weight=np.zeros(signal.shape))
     assert np.array_equal(untouched, signal)
+
+
+def test_thick_slices_measure_noise_in_plane_only():
+    """Neighbours across 6.5 mm slices differ by anatomy: only in-plane neighbours measure the noise."""
+    from AnonMRILib.transforms.tissue_model import noise_axes
+
+    assert noise_axes((0.78, 0.78, 6.5)) == (0, 1)
+    assert noise_axes((1.0, 1.0, 1.2)) == (0, 1, 2)
+    assert noise_axes(None) == (0, 1, 2)
+    rng = np.random.default_rng(3)
+    volume = np.full((48, 48, 12), 420.0, np.float32)
+    volume += (np.arange(12) % 2 * 60.0).astype(np.float32)  # slice-to-slice anatomy
+    volume += rng.normal(0.0, 12.0, volume.shape).astype(np.float32)
+    brain = np.ones(volume.shape, bool)
+    assert white_matter_noise(volume, brain, T1, spacing=(0.78, 0.78, 6.5)) == pytest.approx(12.0, rel=0.1)
+    assert white_matter_noise(volume, brain, T1) > 20.0
+
+
+def test_prior_noise_follows_the_signal_and_leaves_air_clean():
+    from AnonMRILib.transforms.anatomical_prior import PriorNoise
+
+    values = np.full((30, 30, 30), T1.air, np.float32)
+    values[10:20] = T1.wm
+    noise = PriorNoise((slice(None),) * 3, 12.0, T1.air, T1.csf, seed=0)
+    out = noise.apply(values)
+    assert np.array_equal(out[:10], values[:10])  # air: no grain around the head
+    assert float(np.std(out[12:18])) == pytest.approx(12.0, rel=0.1)
+    assert np.array_equal(noise.apply(values), out)  # seeded
