@@ -79,7 +79,8 @@ import numpy as np
 from ..errors import InputError
 from ..io.volume import Volume
 from ..progress import ProgressCallback, report
-from .tissue_model import LABEL, TissueClasses, TissueLevels, add_rician_noise, render_tissue
+from .tissue_model import (LABEL, TissueClasses, TissueLevels, add_rician_noise, render_tissue,
+                           with_subcutaneous_fat)
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "data" / "templates"
 TEMPLATE_FILES = ("reface_template_labels.nii.gz", "reface_template_texture.nii.gz",
@@ -101,7 +102,15 @@ class AnatomicalPriorConfig:
     #: the neck below the template repeats the placed template this far above its lower end (mm)
     neck_source_mm: float = 3.0
     #: Gaussian (mm) that turns the label map's outer boundary into a smooth skin surface
-    skin_smoothing_mm: float = 0.75
+    skin_smoothing_mm: float = 1.25
+    #: the outer layer (mm) drawn as skin alone, blending into the classes under it over as much
+    #: again: a rendering's surface normals read the intensity one voxel deep, and the label map's
+    #: voxelised skin/fat and skin/bone steps there gave renderings a lumpy, terraced face (dlib put
+    #: the embedded sample's refaced face 0.48 from its original, nearer than 14 reference heads)
+    skin_layer_mm: float = 1.5
+    #: depth (mm) under the skin that is subcutaneous fat wherever the label map has bone, air,
+    #: dura, CSF or muscle there (:func:`~AnonMRILib.transforms.tissue_model.with_subcutaneous_fat`; 0 = off)
+    subcutaneous_mm: float = 3.0
     #: draw the source head's within-class texture (False: flat classes)
     texture: bool = True
     #: tissue-scale values above WM (fat, marrow) drawn at 3 + stretch * (s - 3)
@@ -170,14 +179,23 @@ class TemplateHead:
 
         from .model_grid import resample_array
 
-        labels = np.asarray(self.labels.array)
+        labels = with_subcutaneous_fat(np.asarray(self.labels.array), self.labels.spacing, config.subcutaneous_mm)
         texture = None
         if config.texture:
             texture = resample_array(np.asarray(self.texture.array, np.float32) / np.float32(self.texture_scale),
                                      self.texture.affine, self.labels.shape, self.labels.affine, antialias=False)
         values = render_tissue(labels, texture, self.classes, levels, config.bright_stretch) - np.float32(levels.air)
-        sigma = float(config.skin_smoothing_mm) / np.asarray(self.labels.spacing, np.float64)
-        occupancy = ndimage.gaussian_filter((labels != LABEL["outside"]).astype(np.float32), sigma)
+        spacing = np.asarray(self.labels.spacing, np.float64)
+        head = labels != LABEL["outside"]
+        occupancy = ndimage.gaussian_filter(head.astype(np.float32), float(config.skin_smoothing_mm) / spacing)
+        if config.skin_layer_mm > 0:
+            # the outer skin_layer_mm is one smooth layer at the skin's level, whatever lies under it
+            skin = float(render_tissue(np.array([LABEL["skin"]], np.uint8), None, self.classes, levels,
+                                       config.bright_stretch)[0]) - float(levels.air)
+            depth = ndimage.distance_transform_edt(head, sampling=spacing)
+            inner = np.clip((depth - config.skin_layer_mm) / max(config.skin_layer_mm, 1e-6), 0.0, 1.0)
+            inner = ndimage.gaussian_filter(inner.astype(np.float32), 1.0 / spacing)
+            values = inner * values + (1.0 - inner) * np.float32(skin)
         values *= occupancy
         return values
 

@@ -177,6 +177,31 @@ def noise_axes(spacing: Optional[Sequence[float]], ndim: int = 3) -> Tuple[int, 
     return tuple(int(a) for a in np.flatnonzero(spacing <= IN_PLANE_SPACING_RATIO * spacing.min()))
 
 
+#: classes that never lie just under the skin: within the subcutaneous depth they are drawn as fat
+NOT_SUBCUTANEOUS: Tuple[str, ...] = ("brain", "csf", "bone", "marrow", "diploe", "dura", "air", "teeth", "muscle", "mucosa")
+
+
+def with_subcutaneous_fat(labels: np.ndarray, spacing: Sequence[float], depth_mm: float) -> np.ndarray:
+    """``labels`` (uint8 class map) with every :data:`NOT_SUBCUTANEOUS` voxel within ``depth_mm`` of
+    "outside" relabelled "fat" (a copy; ``depth_mm`` <= 0 returns ``labels``). The tissue model's
+    source head lies under a different skin (MakeHuman's), and where that skin is tighter than the
+    source's, the source's skull, sinus air, dura and muscle came to lie 1-2 mm under it (bone
+    7-14 %, muscle 18-45 %, fat 7-12 % of the layer 1-3 mm deep): a dark gap under the skin that a face rendering's
+    iso-surface fell into -- a lumpy face, and dlib put the embedded sample's remodeled face
+    nearer its original (0.49) than any of 14 reference heads (0.52). Every face and scalp has
+    subcutaneous fat there."""
+    from scipy import ndimage
+
+    labels = np.asarray(labels)
+    if depth_mm <= 0:
+        return labels
+    depth = ndimage.distance_transform_edt(labels != LABEL["outside"], sampling=np.asarray(spacing, np.float64))
+    replace = np.isin(labels, [LABEL[name] for name in NOT_SUBCUTANEOUS]) & (depth <= depth_mm)
+    out = labels.copy()
+    out[replace] = LABEL["fat"]
+    return out
+
+
 def neighbour_residual(array: np.ndarray, axes: Sequence[int] = (0, 1, 2)) -> np.ndarray:
     """x - mean of its 2k face neighbours along ``axes`` (k of them; float32, edges replicated):
     white noise of std sigma gives a residual of std sigma * sqrt(1 + 1 / 2k)."""

@@ -124,3 +124,35 @@ def test_prior_noise_follows_the_signal_and_leaves_air_clean():
     assert np.array_equal(out[:10], values[:10])  # air: no grain around the head
     assert float(np.std(out[12:18])) == pytest.approx(12.0, rel=0.1)
     assert np.array_equal(noise.apply(values), out)  # seeded
+
+
+def test_the_outer_layer_is_one_smooth_skin_whatever_lies_under_it():
+    """The template's outer 1-2 mm: with the skin layer, little of the label map's skull, fat and
+    air shows through (what a rendering's normals read); without it, their steps do."""
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig, load_template_head
+
+    template = load_template_head()
+    labels = np.asarray(template.labels.array)
+    head = labels != LABEL["outside"]
+    depth = ndimage.distance_transform_edt(head, sampling=template.labels.spacing)
+    band = (depth > 1.0) & (depth <= 2.0)
+    spread = {}
+    for layer in (0.0, AnatomicalPriorConfig().skin_layer_mm):
+        values = template.render(T1, AnatomicalPriorConfig(skin_layer_mm=layer, texture=False))
+        spread[layer] = float(np.std(values[band]))
+    assert spread[AnatomicalPriorConfig().skin_layer_mm] < 0.5 * spread[0.0]
+
+
+def test_subcutaneous_fat_replaces_skull_and_air_just_under_the_skin():
+    from AnonMRILib.transforms.tissue_model import with_subcutaneous_fat
+
+    labels = np.full((20, 20, 20), LABEL["outside"], np.uint8)
+    labels[2:18, 2:18, 2:18] = LABEL["skin"]
+    labels[3:17, 3:17, 3:17] = LABEL["bone"]
+    labels[8:12, 8:12, 8:12] = LABEL["vitreous"]
+    out = with_subcutaneous_fat(labels, (1.0, 1.0, 1.0), 3.0)
+    assert out[4, 10, 10] == LABEL["fat"] and out[6, 10, 10] == LABEL["bone"]  # 3 mm deep, then bone
+    assert np.all(out[labels == LABEL["vitreous"]] == LABEL["vitreous"])
+    assert np.array_equal(with_subcutaneous_fat(labels, (1.0, 1.0, 1.0), 0.0), labels)
