@@ -226,6 +226,12 @@ def load_template_head(config: Optional["AnatomicalPriorConfig"] = None) -> Temp
 load_average_head = load_template_head
 
 
+def template_face(config: Optional["AnatomicalPriorConfig"] = None) -> Volume:
+    """The face every REFACE and prior-based output wears, at the template's own place: the
+    tissue model rendered at its source head's levels (:func:`render_template_head`)."""
+    return render_template_head(config=config)
+
+
 def render_template_head(levels: Optional[TissueLevels] = None, config: Optional["AnatomicalPriorConfig"] = None
                          ) -> Volume:
     """The template head itself, rendered (float32 on its labels' grid) at ``levels`` (default: its
