@@ -243,12 +243,6 @@ def render_template_head(levels: Optional[TissueLevels] = None, config: Optional
     return template.labels.with_array(template.render(levels, config) + np.float32(levels.air))
 
 
-def template_face(config: AnatomicalPriorConfig = AnatomicalPriorConfig()) -> Volume:
-    """The face every REFACE and prior-based output wears, at the template's own place: the
-    shipped average head (its units)."""
-    return load_average_head(config).head
-
-
 def _to_sitk(array: np.ndarray, affine: np.ndarray):
     from ..io.writers import numpy_to_simpleitk
 
