@@ -251,10 +251,14 @@ def _write_nibabel(array: np.ndarray, affine: np.ndarray, path: Path, suffix: st
 
 
 def numpy_to_simpleitk(array: np.ndarray, affine: np.ndarray):
-    """A SimpleITK image (LPS geometry, no metadata) from voxels [i, j, k] and a RAS affine."""
+    """A SimpleITK image (LPS geometry, no metadata) from voxels [i, j, k] (or vectors [i, j, k, c])
+    and a RAS affine."""
     import SimpleITK as sitk
 
-    image = sitk.GetImageFromArray(np.ascontiguousarray(np.transpose(array, (2, 1, 0))))
+    array = np.asarray(array)
+    vector = array.ndim == 4
+    axes = (2, 1, 0, 3) if vector else (2, 1, 0)
+    image = sitk.GetImageFromArray(np.ascontiguousarray(np.transpose(array, axes)), isVector=vector)
     affine_lps = LPS_TO_RAS @ affine
     spacing = np.linalg.norm(affine_lps[:3, :3], axis=0)
     image.SetSpacing([float(s) for s in spacing])

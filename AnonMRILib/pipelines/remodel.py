@@ -120,42 +120,55 @@ def add_residual(prior: Volume, residual_model: np.ndarray, transform, volume: V
     return compose_preserving(volume, volume.with_array(head.astype(np.float32)), transform.brain_mask)
 
 
-#: spline order that reads T(x) at the displaced points (3 = cubic B-spline: with trilinear (1) the
-#: remodeled head outside the brain of sub-01 kept 0.70 of the input's gradient, with cubic 0.78)
-PRIOR_WARP_ORDER = 3
-
-
 def warp_prior(prior: Volume, displacement_model: np.ndarray, transform, volume: Volume, noise=None) -> Volume:
     """f = b*x + (1-b)*T(p + u(p)) on the input grid: T at native resolution warped by the
     generator's displacement u (``displacement_model``: (3, S, S, S) model voxels along the model
-    grid's axes), turned into RAS mm, resampled (linear) to the input grid, smoothed with a
-    Gaussian of half a model voxel and faded out with the hull smoothed the same way; T is read
-    with trilinear interpolation (0 outside it) only where the displacement exceeds 0.001 voxel.
+    grid's axes), turned into RAS mm, smoothed on the model grid by a Gaussian of half a model voxel
+    and faded out with the model-grid hull smoothed the same way; T is read through that field
+    (linear between model voxels) with a cubic B-spline (SimpleITK, 0 outside T) at every input voxel
+    of the hull's bounding box (a zero displacement reads T's own voxel: B-splines interpolate;
+    with trilinear reading the remodeled head outside the brain of sub-01 kept 0.70 of the input's
+    gradient, with cubic 0.78).
     ``noise``: the prior's :class:`~AnonMRILib.transforms.anatomical_prior.PriorNoise`, added after
     the warp (``prior`` then noise-free), or None. Input's dtype, brain voxels copied (checked by
-    the caller)."""
+    the caller).
+
+    (The first version resampled u to the input grid, smoothed it there and called scipy's
+    ``map_coordinates`` on the moving voxels: 5.5 s of a 1 mm 256^3 head's 30 s; this is 1.5 s.)"""
+    import SimpleITK as sitk
     from scipy import ndimage
 
+    from ..io.readers import LPS_TO_RAS
+    from ..io.writers import numpy_to_simpleitk
     from ..transforms.brain_preservation import compose_preserving
+    from ..transforms.distance import bounding_box
 
     grid = transform.grid
+    sigma = 0.5  # model voxels
+    # the hull's covered fraction of each model voxel (not gamma's binary channel: its edge sits up
+    # to half a model voxel off the input-grid hull's), smoothed over the part of the model grid that
+    # the input covers (normalised convolution), so a hull cut by the field of view does not fade there
+    hull = grid.to_model(transform.convex_hull, antialias="box")
+    covered = grid.to_model(transform.convex_hull.with_array(np.ones(transform.convex_hull.shape, np.uint8)),
+                            antialias="box")
+    weight = ndimage.gaussian_filter(covered, sigma)
+    inside = np.where(weight > 1e-3, ndimage.gaussian_filter(hull, sigma) / np.maximum(weight, 1e-3), 0.0)
     world_mm = np.tensordot(np.asarray(grid.affine, np.float64)[:3, :3],
-                            np.asarray(displacement_model, np.float64), axes=(1, 0)).astype(np.float32)
-    sigma = 0.5 * float(grid.spacing_mm) / np.asarray(volume.spacing, np.float64)
-    inside = ndimage.gaussian_filter((np.asarray(transform.convex_hull.array) != 0).astype(np.float32), sigma)
-    to_index = np.linalg.inv(np.asarray(volume.affine, np.float64))[:3, :3]
-    shift = np.zeros((3,) + tuple(volume.shape[:3]), np.float32)  # input voxel units
-    for axis in range(3):
-        component = ndimage.gaussian_filter(grid.from_model(world_mm[axis], volume).array, sigma) * inside
-        for row in range(3):
-            shift[row] += np.float32(to_index[row, axis]) * component
-    moving = np.nonzero(np.abs(shift).max(axis=0) > 1e-3)
-    source = np.asarray(prior.array, np.float32)
-    head = source.copy()
-    if moving[0].size:
-        coordinates = np.stack([index + shift[row][moving] for row, index in enumerate(moving)])
-        head[moving] = ndimage.map_coordinates(source, coordinates, order=PRIOR_WARP_ORDER, mode="constant",
-                                               cval=0.0)
+                            np.asarray(displacement_model, np.float64), axes=(1, 0))
+    lps_mm = np.stack([LPS_TO_RAS[axis, axis] * ndimage.gaussian_filter(world_mm[axis], sigma) * inside
+                       for axis in range(3)])
+    head = np.array(prior.array, np.float32, copy=True)
+    extent = bounding_box(np.asarray(transform.convex_hull.array))
+    if extent is not None and np.abs(lps_mm).max() > 0:
+        reach = int(np.ceil(2.0 * float(grid.spacing_mm) / float(np.min(volume.spacing)))) + 2
+        region = tuple(slice(max(0, int(a) - reach), min(n, int(b) + 1 + reach))
+                       for a, b, n in zip(extent[0], extent[1], volume.shape))
+        field = numpy_to_simpleitk(np.moveaxis(lps_mm, 0, -1), grid.affine)
+        displacement = sitk.DisplacementFieldTransform(sitk.Cast(field, sitk.sitkVectorFloat64))
+        box = volume.cropped(region)
+        source = numpy_to_simpleitk(head[region], box.affine)
+        warped = sitk.Resample(source, source, displacement, sitk.sitkBSpline, 0.0, sitk.sitkFloat32)
+        head[region] = np.transpose(sitk.GetArrayFromImage(warped), (2, 1, 0))
     if noise is not None:
         head = noise.apply(head)
     return compose_preserving(volume, volume.with_array(head), transform.brain_mask)

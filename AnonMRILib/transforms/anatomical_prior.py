@@ -79,6 +79,7 @@ import numpy as np
 from ..errors import InputError
 from ..io.volume import Volume
 from ..progress import ProgressCallback, report
+from .distance import bounding_box, depth
 from .tissue_model import (LABEL, TissueClasses, TissueLevels, add_rician_noise, render_tissue,
                            with_subcutaneous_fat)
 
@@ -179,21 +180,21 @@ class TemplateHead:
 
         from .model_grid import resample_array
 
-        labels = with_subcutaneous_fat(np.asarray(self.labels.array), self.labels.spacing, config.subcutaneous_mm)
+        spacing = np.asarray(self.labels.spacing, np.float64)
+        head = np.asarray(self.labels.array) != LABEL["outside"]
+        surface_depth = depth(head, spacing) if config.skin_layer_mm > 0 or config.subcutaneous_mm > 0 else None
+        labels = with_subcutaneous_fat(np.asarray(self.labels.array), spacing, config.subcutaneous_mm, surface_depth)
         texture = None
         if config.texture:
             texture = resample_array(np.asarray(self.texture.array, np.float32) / np.float32(self.texture_scale),
                                      self.texture.affine, self.labels.shape, self.labels.affine, antialias=False)
         values = render_tissue(labels, texture, self.classes, levels, config.bright_stretch) - np.float32(levels.air)
-        spacing = np.asarray(self.labels.spacing, np.float64)
-        head = labels != LABEL["outside"]
         occupancy = ndimage.gaussian_filter(head.astype(np.float32), float(config.skin_smoothing_mm) / spacing)
         if config.skin_layer_mm > 0:
             # the outer skin_layer_mm is one smooth layer at the skin's level, whatever lies under it
             skin = float(render_tissue(np.array([LABEL["skin"]], np.uint8), None, self.classes, levels,
                                        config.bright_stretch)[0]) - float(levels.air)
-            depth = ndimage.distance_transform_edt(head, sampling=spacing)
-            inner = np.clip((depth - config.skin_layer_mm) / max(config.skin_layer_mm, 1e-6), 0.0, 1.0)
+            inner = np.clip((surface_depth - config.skin_layer_mm) / max(config.skin_layer_mm, 1e-6), 0.0, 1.0)
             inner = ndimage.gaussian_filter(inner.astype(np.float32), 1.0 / spacing)
             values = inner * values + (1.0 - inner) * np.float32(skin)
         values *= occupancy
@@ -257,10 +258,10 @@ def box_corners(low: Sequence[int], high: Sequence[int]) -> np.ndarray:
 
 def registration_grid(mask: Volume, spacing_mm: float, margin_mm: float = 20.0) -> Tuple[Tuple[int, int, int], np.ndarray]:
     """RAS-aligned grid (shape, affine) at ``spacing_mm`` over ``mask``'s bounding box plus ``margin_mm``."""
-    indices = np.argwhere(np.asarray(mask.array) != 0)
-    if indices.size == 0:
+    extent = bounding_box(mask.array)
+    if extent is None:
         raise InputError("the convex hull is empty; cannot place the anatomical prior")
-    low, high = indices.min(axis=0), indices.max(axis=0)
+    low, high = extent
     corners = box_corners(low, high)
     world = mask.world_coordinates(corners)
     start, stop = world.min(axis=0) - margin_mm, world.max(axis=0) + margin_mm
@@ -274,19 +275,13 @@ def registration_grid(mask: Volume, spacing_mm: float, margin_mm: float = 20.0) 
 def signed_distances(masks: Sequence[np.ndarray], source_affine: np.ndarray, shape, affine: np.ndarray
                      ) -> List[np.ndarray]:
     """Signed distance (mm, positive inside) of each binary mask, resampled onto the grid (shape, affine)."""
-    from scipy import ndimage
-
+    from .distance import signed_distance
     from .model_grid import resample_arrays
 
     spacing = float(np.linalg.norm(affine[:3, 0]))
     fractions = resample_arrays([np.asarray(m) != 0 for m in masks], source_affine, shape, affine, "linear",
                                 antialias="box")
-    distances = []
-    for fraction in fractions:
-        inside = fraction >= 0.5
-        distances.append(((ndimage.distance_transform_edt(inside) - ndimage.distance_transform_edt(~inside))
-                          * spacing).astype(np.float32))
-    return distances
+    return [(signed_distance(fraction >= 0.5) * spacing).astype(np.float32) for fraction in fractions]
 
 
 def level_set_features(hull_distance: np.ndarray, brain_distance: np.ndarray, clip_mm: float) -> np.ndarray:
@@ -403,9 +398,7 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
     # smooth weights on the registration grid: the template's inferior coverage and the fade to air
     covered = sitk.GetArrayFromImage(sitk.Resample(_to_sitk(*_inferior_coverage(template.labels)), fixed, chain,
                                                    sitk.sitkLinear, 0.0, sitk.sitkFloat32)).transpose(2, 1, 0)
-    from scipy import ndimage
-
-    inside_template = ndimage.distance_transform_edt(covered >= 0.999) * config.registration_spacing_mm
+    inside_template = depth(covered >= 0.999) * config.registration_spacing_mm
     template_weight = np.clip(inside_template / config.fov_blend_mm, 0.0, 1.0).astype(np.float32)
     fade = np.clip(2.0 + hull_distance / config.outside_hull_mm, 0.0, 1.0).astype(np.float32)
     region = _bounding_box(fade > 0, affine, brain_mask)
@@ -467,8 +460,12 @@ class PriorNoise:
         out = np.array(values, np.float32, copy=True)
         if self.sigma > 0:
             region = out[self.box]
-            out[self.box] = add_rician_noise(region, self.sigma, self.background,
-                                             np.random.default_rng(self.seed), weight=self.weight(region))
+            weight = self.weight(region)
+            noisy = weight > 0  # nothing is added at or below the air level: draw only the rest
+            silent = ~noisy  # there the noise's magnitude is |values - air| + air (its sigma is 0)
+            region[silent] = np.abs(region[silent] - np.float32(self.background)) + np.float32(self.background)
+            region[noisy] = add_rician_noise(region[noisy], self.sigma, self.background,
+                                             np.random.default_rng(self.seed), weight=weight[noisy])
         return out
 
 
@@ -483,11 +480,17 @@ def soften_skin(values: np.ndarray, levels: TissueLevels, spacing: Sequence[floa
     if config.skin_psf_mm <= 0 or config.skin_band_mm <= 0:
         return values
     spacing = np.asarray(spacing, np.float64)
-    head = (values - levels.air) > 0.1 * (levels.wm - levels.air)
-    depth = ndimage.distance_transform_edt(head, sampling=spacing)
-    weight = np.clip(1.0 - depth / config.skin_band_mm, 0.0, 1.0).astype(np.float32)
-    blurred = ndimage.gaussian_filter(values, config.skin_psf_mm / spacing, mode="nearest")
-    return (weight * blurred + (1.0 - weight) * values).astype(np.float32)
+    values = np.asarray(values, np.float32)
+    head = values > np.float32(levels.air + 0.1 * (levels.wm - levels.air))
+    weight = depth(head, spacing)  # float32, in place from here on: 1 - depth / band, clipped to [0, 1]
+    weight *= np.float32(-1.0 / config.skin_band_mm)
+    weight += np.float32(1.0)
+    np.clip(weight, 0.0, 1.0, out=weight)
+    out = ndimage.gaussian_filter(values, config.skin_psf_mm / spacing, mode="nearest")
+    out -= values  # weight * blurred + (1 - weight) * values, without temporaries
+    out *= weight
+    out += values
+    return out
 
 
 def continue_brain_edge(values: np.ndarray, brain_values: np.ndarray, brain: np.ndarray, spacing: Sequence[float],
@@ -502,6 +505,15 @@ def continue_brain_edge(values: np.ndarray, brain_values: np.ndarray, brain: np.
     from scipy import ndimage
 
     spacing = np.asarray(spacing, np.float64)
+    out = values.copy()
+    extent = bounding_box(brain)
+    if extent is None:
+        return out
+    # everything below happens within the filters' reach of the brain (4 sigma, scipy's truncation)
+    reach = np.ceil((4.0 * max(config.edge_level_mm, 0.5 * config.rim_mm) + 1.0) / spacing).astype(int)
+    crop = tuple(slice(max(0, int(a) - r), min(n, int(b) + 1 + r))
+                 for a, b, r, n in zip(extent[0], extent[1], reach, brain.shape))
+    brain, brain_values, values = brain[crop], brain_values[crop], values[crop]
     soft = ndimage.gaussian_filter(brain.astype(np.float32), 0.5 * config.rim_mm / spacing)
     band = brain & (soft < 0.85)  # the brain's outer layer
     sigma = config.edge_level_mm / spacing
@@ -509,8 +521,8 @@ def continue_brain_edge(values: np.ndarray, brain_values: np.ndarray, brain: np.
     level = ndimage.gaussian_filter(np.where(band, brain_values, 0).astype(np.float32), sigma)
     outside = ~brain & (weight_sum > 1e-3)
     blend = np.clip(soft / 0.25, 0.0, 1.0)[outside]
-    out = values.copy()
-    out[outside] = blend * (level[outside] / weight_sum[outside]) + (1.0 - blend) * values[outside]
+    region = out[crop]
+    region[outside] = blend * (level[outside] / weight_sum[outside]) + (1.0 - blend) * values[outside]
     return out
 
 
@@ -575,7 +587,7 @@ def _refine_brain_edge(chain, brain_mask: Volume, convex_hull: Volume, template:
     import SimpleITK as sitk
 
     clip = float(config.edge_clip_mm)
-    shape, affine = registration_grid(brain_mask, config.edge_spacing_mm, margin_mm=30.0)
+    shape, affine = registration_grid(brain_mask, config.edge_spacing_mm, margin_mm=20.0)
     brain = signed_distances([brain_mask.array], brain_mask.affine, shape, affine)[0]
     fixed = _to_sitk(np.clip(brain, -clip, clip) / clip, affine)
     t_shape, t_affine = registration_grid(template.convex_hull, config.edge_spacing_mm, margin_mm=60.0)
@@ -616,8 +628,7 @@ def _translation(offset: Sequence[int]) -> np.ndarray:
 
 def _bounding_box(mask: np.ndarray, affine: np.ndarray, target: Volume) -> List[Tuple[int, int]]:
     """Index ranges of ``target``'s grid covering the world bounding box of ``mask`` (grid ``affine``)."""
-    indices = np.argwhere(mask)
-    low, high = indices.min(axis=0), indices.max(axis=0)
+    low, high = bounding_box(mask)
     corners = box_corners(low, high)
     world = np.c_[corners, np.ones(8)] @ affine.T
     target_index = world @ np.linalg.inv(target.affine).T
@@ -649,8 +660,14 @@ def _compose(prior: np.ndarray, template_weight: np.ndarray, fade: np.ndarray, s
              background: float) -> np.ndarray:
     """Steps 5-7 of the module docstring: template where it reaches, its neck continued below it
     (``prior`` already extruded, values above air) inside the hull, faded to air."""
-    head = template_weight * prior + (1.0 - template_weight) * (prior * soft_hull)
-    return (head * fade + background).astype(np.float32)
+    # prior * (w + (1 - w) * hull) * fade + background, in place (arrays of the whole head box)
+    out = 1.0 - np.asarray(soft_hull, np.float32)
+    out *= template_weight
+    out += soft_hull
+    out *= fade
+    out *= prior
+    out += np.float32(background)
+    return out
 
 
 def prior_from_transform(volume: Volume, transform, config: Optional[AnatomicalPriorConfig] = None,

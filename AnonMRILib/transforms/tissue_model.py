@@ -181,7 +181,8 @@ def noise_axes(spacing: Optional[Sequence[float]], ndim: int = 3) -> Tuple[int, 
 NOT_SUBCUTANEOUS: Tuple[str, ...] = ("brain", "csf", "bone", "marrow", "diploe", "dura", "air", "teeth", "muscle", "mucosa")
 
 
-def with_subcutaneous_fat(labels: np.ndarray, spacing: Sequence[float], depth_mm: float) -> np.ndarray:
+def with_subcutaneous_fat(labels: np.ndarray, spacing: Sequence[float], depth_mm: float,
+                          surface_depth: Optional[np.ndarray] = None) -> np.ndarray:
     """``labels`` (uint8 class map) with every :data:`NOT_SUBCUTANEOUS` voxel within ``depth_mm`` of
     "outside" relabelled "fat" (a copy; ``depth_mm`` <= 0 returns ``labels``). The tissue model's
     source head lies under a different skin (MakeHuman's), and where that skin is tighter than the
@@ -189,13 +190,14 @@ def with_subcutaneous_fat(labels: np.ndarray, spacing: Sequence[float], depth_mm
     7-14 %, muscle 18-45 %, fat 7-12 % of the layer 1-3 mm deep): a dark gap under the skin that a face rendering's
     iso-surface fell into -- a lumpy face, and dlib put the embedded sample's remodeled face
     nearer its original (0.49) than any of 14 reference heads (0.52). Every face and scalp has
-    subcutaneous fat there."""
-    from scipy import ndimage
+    subcutaneous fat there. ``surface_depth``: :func:`~AnonMRILib.transforms.distance.depth` of the
+    head (labels != outside) when the caller has it already."""
+    from .distance import depth as depth_of
 
     labels = np.asarray(labels)
     if depth_mm <= 0:
         return labels
-    depth = ndimage.distance_transform_edt(labels != LABEL["outside"], sampling=np.asarray(spacing, np.float64))
+    depth = surface_depth if surface_depth is not None else depth_of(labels != LABEL["outside"], spacing)
     replace = np.isin(labels, [LABEL[name] for name in NOT_SUBCUTANEOUS]) & (depth <= depth_mm)
     out = labels.copy()
     out[replace] = LABEL["fat"]
