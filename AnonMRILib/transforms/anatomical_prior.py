@@ -87,6 +87,11 @@ TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "data" / "templates"
 TEMPLATE_FILES = ("reface_template_labels.nii.gz", "reface_template_texture.nii.gz",
                   "reface_template_brain_mask.nii.gz", "reface_template_convex_hull.nii.gz",
                   "reface_template_tissue.json")
+#: the skin occupancy (uint8, 255 = inside; optional: a template built before it has none)
+SKIN_FILE = "reface_template_skin.nii.gz"
+#: Gaussian (mm) that turns the label map's outer boundary into a skin occupancy when the template
+#: ships none (less brings back the voxel grid's terraces in renderings)
+LABEL_SKIN_SMOOTHING_MM = 1.25
 
 
 @dataclass(frozen=True)
@@ -102,8 +107,9 @@ class AnatomicalPriorConfig:
     outside_hull_mm: float = 4.0
     #: the neck below the template repeats the placed template this far above its lower end (mm)
     neck_source_mm: float = 3.0
-    #: Gaussian (mm) that turns the label map's outer boundary into a smooth skin surface
-    skin_smoothing_mm: float = 1.25
+    #: extra Gaussian (mm) on the template's skin occupancy (the shipped one is band-limited at
+    #: sub-voxel precision and MR-sharp; 0 = as shipped)
+    skin_smoothing_mm: float = 0.0
     #: the outer layer (mm) drawn as skin alone, blending into the classes under it over as much
     #: again: a rendering's surface normals read the intensity one voxel deep, and the label map's
     #: voxelised skin/fat and skin/bone steps there gave renderings a lumpy, terraced face (dlib put
@@ -129,8 +135,10 @@ class AnatomicalPriorConfig:
     #: and the face stay where the stiff hull field put them (a field reaching the skin carried the
     #: patient's vault shape into the output and cost dlib's detector 0.3-0.8)
     edge_reach_mm: Tuple[float, float] = (5.0, 15.0)
-    #: the skin's edge blurred like an MR edge: Gaussian sigma (mm) over the head's outer band (mm)
-    skin_psf_mm: float = 1.0
+    #: the skin's edge blurred: Gaussian sigma (mm) over the head's outer band (mm); 0 = off, the
+    #: default since the template ships an MR-sharp, band-limited skin occupancy (with the label map's
+    #: staircase edge, 1.0 mm hid the voxel grid's terraces in renderings)
+    skin_psf_mm: float = 0.0
     skin_band_mm: float = 3.0
     #: the brain's own edge level continues this far outside its mask (mm; 0 = off), measured
     #: over ``edge_level_mm`` along the edge (:func:`continue_brain_edge`)
@@ -163,6 +171,24 @@ class TemplateHead:
     texture_scale: float
     #: the noise the rendered template already carries, as a fraction of (WM - CSF)
     noise_fraction: float = 0.0
+    #: the skin occupancy on the labels' grid (uint8, 255 = inside), or None
+    skin: Optional[Volume] = None
+
+    def skin_occupancy(self, extra_smoothing_mm: float = 0.0) -> np.ndarray:
+        """float32 in [0, 1] on the labels' grid: the shipped skin occupancy (MakeHuman's subdivided
+        head rasterised at 0.5 mm, band-limited), or without one the label map's head smoothed by
+        :data:`LABEL_SKIN_SMOOTHING_MM`; then smoothed by ``extra_smoothing_mm``."""
+        from scipy import ndimage
+
+        spacing = np.asarray(self.labels.spacing, np.float64)
+        if self.skin is not None:
+            occupancy = np.asarray(self.skin.array, np.float32) / np.float32(255.0)
+        else:
+            head = (np.asarray(self.labels.array) != LABEL["outside"]).astype(np.float32)
+            occupancy = ndimage.gaussian_filter(head, LABEL_SKIN_SMOOTHING_MM / spacing)
+        if extra_smoothing_mm > 0:
+            occupancy = ndimage.gaussian_filter(occupancy, float(extra_smoothing_mm) / spacing)
+        return occupancy
 
     def levels_for_median(self, brain_median: float, background: float) -> TissueLevels:
         """The source's levels scaled so that its brain median (above air) is ``brain_median``
@@ -174,8 +200,8 @@ class TemplateHead:
     def render(self, levels: TissueLevels, config: "AnatomicalPriorConfig") -> np.ndarray:
         """float32 on the labels' grid, ``levels``' units *above air* (0 = air): every class drawn
         at its level on the patient's tissue scale plus the source's texture
-        (:func:`render_tissue`), times the skin occupancy (the label map's head smoothed by
-        ``skin_smoothing_mm``, so that the skin surface is smooth at any resolution)."""
+        (:func:`render_tissue`), times the skin occupancy (:meth:`skin_occupancy`: smooth at any
+        resolution, and as sharp as an MR edge)."""
         from scipy import ndimage
 
         from .model_grid import resample_array
@@ -189,7 +215,7 @@ class TemplateHead:
             texture = resample_array(np.asarray(self.texture.array, np.float32) / np.float32(self.texture_scale),
                                      self.texture.affine, self.labels.shape, self.labels.affine, antialias=False)
         values = render_tissue(labels, texture, self.classes, levels, config.bright_stretch) - np.float32(levels.air)
-        occupancy = ndimage.gaussian_filter(head.astype(np.float32), float(config.skin_smoothing_mm) / spacing)
+        occupancy = self.skin_occupancy(config.skin_smoothing_mm)
         if config.skin_layer_mm > 0:
             # the outer skin_layer_mm is one smooth layer at the skin's level, whatever lies under it
             skin = float(render_tissue(np.array([LABEL["skin"]], np.uint8), None, self.classes, levels,
@@ -219,9 +245,14 @@ def load_template_head(config: Optional["AnatomicalPriorConfig"] = None) -> Temp
                              "Training/make_reface_template.py")
     labels, texture, brain, hull = (load_volume(path) for path in paths[:4])
     card = json.loads(paths[4].read_text())
+    skin_path = Path(config.template_dir) / SKIN_FILE
+    skin = load_volume(skin_path) if skin_path.is_file() else None
+    if skin is not None and not skin.same_grid(labels):
+        raise InputError(f"the anatomical prior's skin {skin_path} is not on its labels' grid; rerun "
+                         "Training/make_reface_template.py")
     return TemplateHead(labels, texture, brain, hull, TissueClasses.from_dict(card["classes"]),
                         TissueLevels(**card["source_levels"]), float(card["source_brain_median"]),
-                        float(card["texture_scale"]), float(card.get("noise_fraction", 0.0)))
+                        float(card["texture_scale"]), float(card.get("noise_fraction", 0.0)), skin)
 
 
 load_average_head = load_template_head

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scipy import ndimage
 
 torch = pytest.importorskip("torch")
 
@@ -168,7 +169,10 @@ def test_prior_conditioned_training_caches_the_prior_and_trains(tmp_path, variat
     gamma, image, prior = train_cpgan.CachedPairs(cache_dir)[0]
     assert prior.shape == (1, 32, 32, 32)
     hull = gamma[0] > 0
-    assert float(prior[0][hull].mean()) > 0.1 and float(prior[0][~hull].abs().max()) < 0.2
+    # beyond one model voxel (8 mm here) outside the hull the prior is air (it fades out by 8 mm);
+    # the voxels on the hull's edge hold part of the skin
+    beyond = ~torch.from_numpy(ndimage.binary_dilation(hull.numpy()))
+    assert float(prior[0][hull].mean()) > 0.1 and float(prior[0][beyond].abs().max()) < 0.2
     train_cpgan.train(config, tmp_path / "run", cache_dir, device_name="cpu")
     generator, card = load_generator(tmp_path / "run" / "generator.safetensors")
     assert generator.config.prior == "average_head" and generator.config.prior_variation == variation

@@ -593,3 +593,28 @@ def test_evaluate_privacy_configuration_errors(tmp_path):
     with pytest.raises(InputError, match="CP-GAN weights not found"):
         script.Anonymizers(config)
     assert script.main(["--out", str(tmp_path / "out"), "--head", "nohead"]) == 2
+
+
+def test_cached_cp_gan_and_reface_outputs_are_stale_when_the_prior_changes(tmp_path, monkeypatch):
+    """The privacy evaluation reuses an anonymization only when its fingerprint matches: CP-GAN's
+    and REFACE's include the anatomical prior (its code and every template file, the skin
+    occupancy too), so a new template is never scored with the old one's outputs."""
+    import shutil
+
+    from AnonMRILib.evaluation import privacy_protocol
+    from AnonMRILib.evaluation.privacy_protocol import Anonymizers, EvaluationConfig
+    from AnonMRILib.transforms import anatomical_prior
+
+    anonymizers = Anonymizers(EvaluationConfig(methods=["CP-GAN", "REFACE"]))
+    if not anonymizers.available("CP-GAN"):
+        pytest.skip(anonymizers.cpgan_note)
+    before = {m: anonymizers.fingerprint(m) for m in ("CP-GAN", "REFACE")}
+    copy = tmp_path / "templates"
+    shutil.copytree(anatomical_prior.TEMPLATE_DIR, copy)
+    monkeypatch.setattr(anatomical_prior, "TEMPLATE_DIR", copy)
+    assert {m: anonymizers.fingerprint(m) for m in before} == before  # same files, same fingerprint
+    skin = copy / "reface_template_skin.nii.gz"
+    skin.write_bytes(skin.read_bytes() + b"\0")
+    after = {m: anonymizers.fingerprint(m) for m in before}
+    assert all(after[m] != before[m] for m in before)
+    assert privacy_protocol.prior_fingerprint() not in before["CP-GAN"]

@@ -95,3 +95,19 @@ def test_synthetic_people_are_valid_macro_mixtures():
         assert len(macros) == 12 and all(w >= 0 for w in macros.values())
         assert sum(macros.values()) == pytest.approx(1.0)
         assert all(0.0 <= w <= 0.7 for name, w in targets.items() if name.startswith("head/"))
+
+
+def test_loop_subdivision_rounds_off_a_coarse_meshs_facets():
+    """Training/reface_face_mesh.py refines MakeHuman's head by Loop subdivision before rasterising
+    its skin: an octahedron (8 flat facets) becomes rounder -- its vertices' distances from the
+    centre spread far less than the flat facets' points do."""
+    trimesh = pytest.importorskip("trimesh")
+
+    vertices = np.array([[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]], np.float64) * 20.0
+    faces = np.array([[0, 2, 4], [2, 1, 4], [1, 3, 4], [3, 0, 4], [2, 0, 5], [1, 2, 5], [3, 1, 5], [0, 3, 5]])
+    fine, fine_faces = trimesh.remesh.subdivide_loop(vertices, faces, iterations=3)
+    centres = vertices[faces].mean(axis=1)  # the facets' centres: the flat parts of the coarse mesh
+    coarse_spread = np.linalg.norm(np.r_[vertices, centres], axis=1)
+    radius = np.linalg.norm(fine, axis=1)
+    assert len(fine_faces) == 8 * 4 ** 3
+    assert np.ptp(radius) / radius.mean() < 0.35 * np.ptp(coarse_spread) / coarse_spread.mean()

@@ -156,3 +156,34 @@ def test_subcutaneous_fat_replaces_skull_and_air_just_under_the_skin():
     assert out[4, 10, 10] == LABEL["fat"] and out[6, 10, 10] == LABEL["bone"]  # 3 mm deep, then bone
     assert np.all(out[labels == LABEL["vitreous"]] == LABEL["vitreous"])
     assert np.array_equal(with_subcutaneous_fat(labels, (1.0, 1.0, 1.0), 0.0), labels)
+
+
+def test_shipped_skin_is_the_labels_outline_with_a_sharper_edge(tmp_path):
+    """The template's skin occupancy (MakeHuman's subdivided head at 0.5 mm) has the label map's
+    outline (Dice of the half-occupancy solids >= 0.99) and a narrower edge than the label map's
+    head smoothed by LABEL_SKIN_SMOOTHING_MM (fewer voxels strictly between 0.1 and 0.9); without the
+    file the label-based occupancy is used, and a skin on another grid is refused."""
+    import shutil
+
+    from AnonMRILib.errors import InputError
+    from AnonMRILib.io import Volume, save_volume
+    from AnonMRILib.transforms.anatomical_prior import (SKIN_FILE, TEMPLATE_DIR, TEMPLATE_FILES,
+                                                        AnatomicalPriorConfig, load_template_head)
+
+    template = load_template_head()
+    assert template.skin is not None
+    shipped = template.skin_occupancy()
+    labels = np.asarray(template.labels.array) != LABEL["outside"]
+    inside = shipped >= 0.5
+    assert 2 * (inside & labels).sum() / (inside.sum() + labels.sum()) >= 0.99
+    for name in TEMPLATE_FILES:
+        shutil.copy(TEMPLATE_DIR / name, tmp_path / name)
+    fallback = load_template_head(AnatomicalPriorConfig(template_dir=tmp_path))
+    assert fallback.skin is None
+    smooth = fallback.skin_occupancy()
+    edge = lambda occupancy: int(((occupancy > 0.1) & (occupancy < 0.9)).sum())  # noqa: E731
+    assert edge(shipped) < 0.75 * edge(smooth)
+    assert edge(template.skin_occupancy(1.0)) > edge(shipped)  # the extra smoothing widens it
+    save_volume(Volume(np.asarray(template.skin.array)[1:], template.skin.affine), tmp_path / SKIN_FILE)
+    with pytest.raises(InputError, match="grid"):
+        load_template_head(AnatomicalPriorConfig(template_dir=tmp_path))
