@@ -101,7 +101,7 @@ def test_loop_subdivision_rounds_off_a_coarse_meshs_facets():
     """Training/reface_face_mesh.py refines MakeHuman's head by Loop subdivision before rasterising
     its skin: an octahedron (8 flat facets) becomes rounder -- its vertices' distances from the
     centre spread far less than the flat facets' points do."""
-    trimesh = pytest.importorskip("trimesh")
+    import trimesh
 
     vertices = np.array([[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]], np.float64) * 20.0
     faces = np.array([[0, 2, 4], [2, 1, 4], [1, 3, 4], [3, 0, 4], [2, 0, 5], [1, 2, 5], [3, 1, 5], [0, 3, 5]])
