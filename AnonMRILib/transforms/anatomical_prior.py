@@ -135,11 +135,6 @@ class AnatomicalPriorConfig:
     #: and the face stay where the stiff hull field put them (a field reaching the skin carried the
     #: patient's vault shape into the output and cost dlib's detector 0.3-0.8)
     edge_reach_mm: Tuple[float, float] = (5.0, 15.0)
-    #: the skin's edge blurred: Gaussian sigma (mm) over the head's outer band (mm); 0 = off, the
-    #: default since the template ships an MR-sharp, band-limited skin occupancy (with the label map's
-    #: staircase edge, 1.0 mm hid the voxel grid's terraces in renderings)
-    skin_psf_mm: float = 0.0
-    skin_band_mm: float = 3.0
     #: the brain's own edge level continues this far outside its mask (mm; 0 = off), measured
     #: over ``edge_level_mm`` along the edge (:func:`continue_brain_edge`)
     rim_mm: float = 2.0
@@ -448,7 +443,6 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
     arrays = [sitk.GetArrayFromImage(image).transpose(2, 1, 0) for image in [warped] + weights + [soft_hull]]
     arrays[0] = extrude_inferiorly(arrays[0], arrays[1] > 0.0, box_affine, config.neck_source_mm)
     values = _compose(*arrays, background=background)
-    values = soften_skin(values, levels, brain_mask.spacing, config)
     inside = np.asarray(brain_mask.array)[box] != 0
     if brain is not None and config.rim_mm > 0:
         values = continue_brain_edge(values, np.asarray(brain.array)[box], inside, brain_mask.spacing, config)
@@ -498,30 +492,6 @@ class PriorNoise:
             region[noisy] = add_rician_noise(region[noisy], self.sigma, self.background,
                                              np.random.default_rng(self.seed), weight=weight[noisy])
         return out
-
-
-def soften_skin(values: np.ndarray, levels: TissueLevels, spacing: Sequence[float],
-                config: AnatomicalPriorConfig) -> np.ndarray:
-    """``values`` (input grid, the patient's units) with the head's outer ``skin_band_mm`` (and the air
-    just outside it) blurred by a Gaussian of ``skin_psf_mm``, fading to the unblurred values at the
-    band's inner end: the label map's skin rises from air to fat within a voxel, sharper than any MR
-    edge, and every iso-surface of it showed the voxel grid as contour-line terraces in renderings."""
-    from scipy import ndimage
-
-    if config.skin_psf_mm <= 0 or config.skin_band_mm <= 0:
-        return values
-    spacing = np.asarray(spacing, np.float64)
-    values = np.asarray(values, np.float32)
-    head = values > np.float32(levels.air + 0.1 * (levels.wm - levels.air))
-    weight = depth(head, spacing)  # float32, in place from here on: 1 - depth / band, clipped to [0, 1]
-    weight *= np.float32(-1.0 / config.skin_band_mm)
-    weight += np.float32(1.0)
-    np.clip(weight, 0.0, 1.0, out=weight)
-    out = ndimage.gaussian_filter(values, config.skin_psf_mm / spacing, mode="nearest")
-    out -= values  # weight * blurred + (1 - weight) * values, without temporaries
-    out *= weight
-    out += values
-    return out
 
 
 def continue_brain_edge(values: np.ndarray, brain_values: np.ndarray, brain: np.ndarray, spacing: Sequence[float],
