@@ -46,6 +46,27 @@ def add_bids_sidecar_argument(parser: argparse.ArgumentParser) -> None:
                              "DeidentificationMethodCodeSequence (plus the input sidecar's non-identifying keys)")
 
 
+def add_slice_thickness_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--slice-thickness MM``: the input's slice thickness when it differs from the spacing."""
+    parser.add_argument("--slice-thickness", type=float, default=None, metavar="MM",
+                        help=f"thickness of the input's slices when it differs from their spacing (a 5 mm slice every "
+                             f"6.5 mm: 5); {what} (default: a DICOM input's SliceThickness, else the BIDS sidecar's "
+                             "beside the input, else the spacing)")
+
+
+def slice_thickness_of(args: argparse.Namespace) -> Optional[float]:
+    """``--slice-thickness``, else a DICOM series' ``SliceThickness``, else the BIDS sidecar's
+    beside the input, else None (the spacing)."""
+    from ..io.readers import dicom_slice_thickness
+    from ..io.sidecar import sidecar_slice_thickness
+
+    if args.slice_thickness is not None:
+        return float(args.slice_thickness)
+    if Path(args.input).is_dir():
+        return dicom_slice_thickness(args.input, getattr(args, "series_uid", None))
+    return sidecar_slice_thickness(args.input)
+
+
 def plausibility_checks_on(args: argparse.Namespace) -> bool:
     """True for a command that offers ``--skip-plausibility-checks`` and was not given it."""
     return hasattr(args, "skip_plausibility_checks") and not args.skip_plausibility_checks

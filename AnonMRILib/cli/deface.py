@@ -11,8 +11,8 @@ from pathlib import Path
 
 from .common import (add_apply_to_argument, add_bids_sidecar_argument, add_brain_mask_argument,
                      add_dicom_output_arguments, add_input_argument, add_plausibility_argument, add_quiet_argument,
-                     add_series_uid_argument, check_image_output, checked_brain_mask, load_input,
-                     load_other_contrasts, stage_image_output, stage_other_contrasts)
+                     add_series_uid_argument, add_slice_thickness_argument, check_image_output, checked_brain_mask,
+                     load_input, load_other_contrasts, slice_thickness_of, stage_image_output, stage_other_contrasts)
 
 
 def add_parser(subparsers) -> None:
@@ -34,6 +34,7 @@ def add_parser(subparsers) -> None:
                         help="before/after rendering (default: <output stem>_before_after.png next to OUT)")
     parser.add_argument("--no-before-after", action="store_true", help="do not write the before/after PNG")
     parser.add_argument("--seed", type=int, default=0, help="random seed (DEFACE registration sampling, REFACE hull)")
+    add_slice_thickness_argument(parser, "REFACE averages its template head over this slab in each output slice")
     add_plausibility_argument(parser)
     add_bids_sidecar_argument(parser)
     add_dicom_output_arguments(parser)
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from AnonMRILib.pipelines.baselines import deface
     from AnonMRILib.progress import TqdmProgress, sub_progress
     from AnonMRILib.rendering import check_png_path, render_face, save_png, side_by_side, skin_iso_level
+    from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig
 
     inputs = [args.input, args.brain_mask]
     check_image_output(args, inputs)
@@ -65,10 +67,12 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{figure_path}: the before/after PNG cannot be the output image")
     volume = load_input(args)
     others = load_other_contrasts(args, inputs)
+    thickness = slice_thickness_of(args) if args.method == "reface" else None
+    config = None if thickness is None else AnatomicalPriorConfig(slice_thickness_mm=thickness)
     with TqdmProgress(f"deface ({args.method})", disable=args.quiet) as progress:
         mask = checked_brain_mask(args, volume, progress=sub_progress(progress, 0.0, 0.3))
         defaced = deface(volume, args.method, brain_mask=mask, progress=sub_progress(progress, 0.3, 1.0),
-                         seed=args.seed)
+                         seed=args.seed, config=config)
     with OutputTransaction() as outputs:  # all outputs or none: the figure is rendered before anything appears
         stage_image_output(outputs, args, defaced, volume, args.method, inputs)
         stage_other_contrasts(outputs, args, others, volume, defaced, mask, args.method, inputs)

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Optional
 
 from .common import (add_bids_sidecar_argument, add_brain_mask_argument, add_device_argument, add_input_argument,
-                     add_plausibility_argument, add_quiet_argument, add_series_uid_argument, load_input,
-                     load_user_brain_mask, plausibility_checks_on, stage_bids_sidecar)
+                     add_plausibility_argument, add_quiet_argument, add_series_uid_argument,
+                     add_slice_thickness_argument, load_input, load_user_brain_mask, plausibility_checks_on,
+                     slice_thickness_of, stage_bids_sidecar)
 
 
 def add_parser(subparsers) -> None:
@@ -91,10 +92,8 @@ def add_parser(subparsers) -> None:
                              "the brain mask; always so for a whole head), donor (its own outline, affinely placed: "
                              "a skull-stripped input's outline is regenerated too), auto (default: patient for a "
                              "head, donor for a brain-only input)")
-    parser.add_argument("--slice-thickness", type=float, default=None, metavar="MM",
-                        help="donor prior: thickness of the input's slices when it differs from their spacing (a "
-                             "5 mm slice every 6.5 mm: 5); each output slice averages the placed donor over this "
-                             "slab (default: the BIDS sidecar's SliceThickness beside the input, else the spacing)")
+    add_slice_thickness_argument(parser, "the placed donor brain and the face prior are averaged over this slab "
+                                         "in each output slice")
     parser.add_argument("--contrast", choices=CONTRASTS, default=None,
                         help="the input's sequence (default: from the file name, else auto = from the histogram; "
                              "FLAIR must be named)")
@@ -161,13 +160,12 @@ def run(args: argparse.Namespace) -> int:
     contrasts = [args.contrast or contrast_from_file_name(args.input) or "auto"] + names
     import dataclasses
 
-    from AnonMRILib.io.sidecar import sidecar_slice_thickness
     from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
     from AnonMRILib.transforms.brain_prior import BrainPriorConfig
 
     variation = PriorVariationConfig() if args.variation is None else \
         dataclasses.replace(PriorVariationConfig(), strength=args.variation)
-    thickness = args.slice_thickness if args.slice_thickness is not None else sidecar_slice_thickness(args.input)
+    thickness = slice_thickness_of(args)
     config = LesionAnonymizationConfig(variation=variation,
                                        brain_prior=BrainPriorConfig(outline=args.outline, slice_thickness_mm=thickness),
                                        steps=args.steps, sampler="ddpm" if args.full_ddpm else "ddim",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from .common import (add_apply_to_argument, add_bids_sidecar_argument, add_brain_mask_argument, add_device_argument,
                      add_dicom_output_arguments, add_input_argument, add_plausibility_argument, add_quiet_argument,
-                     add_series_uid_argument, check_image_output, checked_brain_mask, load_input,
-                     load_other_contrasts, stage_image_output, stage_other_contrasts)
+                     add_series_uid_argument, add_slice_thickness_argument, check_image_output, checked_brain_mask,
+                     load_input, load_other_contrasts, slice_thickness_of, stage_image_output, stage_other_contrasts)
 
 
 def add_parser(subparsers) -> None:
@@ -36,6 +36,7 @@ def add_parser(subparsers) -> None:
                         help="rotations K of the surface representation (default: the model card's)")
     parser.add_argument("--before-after", type=Path, default=None, metavar="PNG",
                         help="also write face renderings of input and output side by side")
+    add_slice_thickness_argument(parser, "the anatomical prior is averaged over this slab in each output slice")
     add_device_argument(parser)
     add_plausibility_argument(parser)
     add_bids_sidecar_argument(parser)
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from AnonMRILib.pipelines.remodel import remodel_face
     from AnonMRILib.progress import TqdmProgress, sub_progress
     from AnonMRILib.rendering import check_png_path
+    from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig
 
     inputs = [args.input, args.brain_mask, args.weights]
     if args.weights is not None and args.prior is not None:
@@ -62,10 +64,13 @@ def run(args: argparse.Namespace) -> int:
         check_png_path(args.before_after, inputs)
     volume = load_input(args)
     others = load_other_contrasts(args, inputs)
+    thickness = slice_thickness_of(args)
+    prior_config = None if thickness is None else AnatomicalPriorConfig(slice_thickness_mm=thickness)
     with TqdmProgress("remodel", disable=args.quiet) as progress:
         mask = checked_brain_mask(args, volume, progress=sub_progress(progress, 0.0, 0.3), device=args.device)
         output = remodel_face(volume, brain_mask=mask, weights=args.weights, device=args.device, rotations=args.rotations,
-                              seed=args.seed, progress=sub_progress(progress, 0.3, 1.0), prior=args.prior)
+                              seed=args.seed, progress=sub_progress(progress, 0.3, 1.0), prior=args.prior,
+                              prior_config=prior_config)
     with OutputTransaction() as outputs:  # all outputs or none
         stage_image_output(outputs, args, output, volume, "remodel", inputs)
         stage_other_contrasts(outputs, args, others, volume, output, mask, "remodel", inputs)

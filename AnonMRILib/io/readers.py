@@ -112,6 +112,25 @@ def list_dicom_series(folder: PathLike) -> dict:
             for uid in reader.GetGDCMSeriesIDs(str(folder))}
 
 
+def dicom_slice_thickness(folder: PathLike, series_uid: Optional[str] = None) -> Optional[float]:
+    """``SliceThickness`` (0018,0050; mm) of the DICOM series :func:`load_volume` reads from
+    ``folder``, from its first file's header (that tag alone is read), when it is a positive number
+    below 100; None otherwise (no series, no such tag, not a number)."""
+    import SimpleITK as sitk
+
+    from .dicom_writer import dicom_series_files
+
+    try:
+        files = dicom_series_files(folder, series_uid)
+        reader = sitk.ImageFileReader()
+        reader.SetFileName(str(files[0]))
+        reader.ReadImageInformation()
+        value = float(reader.GetMetaData("0018|0050").strip()) if reader.HasMetaDataKey("0018|0050") else None
+    except (InputError, RuntimeError, ValueError, IndexError):
+        return None
+    return value if value is not None and 0.0 < value < 100.0 else None
+
+
 def _read_dicom_series(folder: Path, series_uid: Optional[str]) -> Tuple[np.ndarray, np.ndarray]:
     import SimpleITK as sitk
 

@@ -768,7 +768,8 @@ def _prepare_regions(volume: Volume, lesion_mask: Volume, config: LesionAnonymiz
             # the face treatment needs only the input and the brain mask: run it on another core
             # while the brain is generated (its progress is not reported; see parallel_face)
             face_job = BackgroundJob(face_treatment, volume, volume.with_array(brain_input.astype(np.uint8)),
-                                     config.face_method, seed=seed, device=device)
+                                     config.face_method, seed=seed, device=device,
+                                     slice_thickness_mm=config.brain_prior.slice_thickness_mm)
     else:
         if brain_mask is not None:
             from ..transforms.brain_mask import user_brain_mask
@@ -793,7 +794,8 @@ def _face_outside(volume: Volume, brain_input: np.ndarray, config: LesionAnonymi
         return outside
     clock = time.perf_counter()
     outside = face_treatment(volume, volume.with_array(brain_input.astype(np.uint8)), config.face_method, seed=seed,
-                             device=device, progress=sub_progress(progress, 0.85, 0.99))
+                             device=device, progress=sub_progress(progress, 0.85, 0.99),
+                             slice_thickness_mm=config.brain_prior.slice_thickness_mm)
     timings["face"] = time.perf_counter() - clock
     return outside
 
@@ -858,6 +860,7 @@ def anonymize_lesion_contrasts(volumes: Sequence[Volume], lesion_mask: Volume, c
                 outside = np.asarray(_face_outside(volume, brain_input, config, face_job, seed, device, progress,
                                                    timings).array)
                 reference_out = reference.with_array(outside)
+                details["face_in_parallel"] = face_job is not None
             elif config.face_method == "none":
                 outside = data
             else:

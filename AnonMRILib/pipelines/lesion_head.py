@@ -138,21 +138,28 @@ def fill_brain_mask(generated: np.ndarray, brain: np.ndarray, lesion: np.ndarray
 
 
 def face_treatment(volume: Volume, brain: Volume, method: str, seed: int = 0, device: str = "auto",
-                   progress: Optional[ProgressCallback] = None) -> Volume:
+                   progress: Optional[ProgressCallback] = None, slice_thickness_mm: Optional[float] = None) -> Volume:
     """The input with everything outside ``brain`` (uint8 0/1 on its grid) treated by ``method``:
     ``remodel`` -> :func:`~AnonMRILib.pipelines.remodel.remodel_face`, ``none`` -> the input
     unchanged (warns: the face stays identifiable), any other name ->
     :func:`~AnonMRILib.pipelines.baselines.deface` (removal methods and ``reface``). Brain voxels
-    are the input's in every case (each method checks it)."""
+    are the input's in every case (each method checks it). ``slice_thickness_mm``: the input's
+    slice thickness when not its spacing, for the anatomical prior of ``remodel`` and ``reface``."""
     if method not in FACE_METHODS:
         raise InputError(f"unknown face method {method!r} (use one of {', '.join(FACE_METHODS)})")
     if method == "none":
         warnings.warn(FACE_KEPT_WARNING, UserWarning)
         return volume
+    prior_config = None
+    if method in ("remodel", "reface") and slice_thickness_mm is not None:
+        from ..transforms.anatomical_prior import AnatomicalPriorConfig
+
+        prior_config = AnatomicalPriorConfig(slice_thickness_mm=slice_thickness_mm)
     if method == "remodel":
         from .remodel import remodel_face
 
-        return remodel_face(volume, brain_mask=brain, device=device, seed=seed, progress=progress)
+        return remodel_face(volume, brain_mask=brain, device=device, seed=seed, progress=progress,
+                            prior_config=prior_config)
     from .baselines import deface
 
-    return deface(volume, method, brain_mask=brain, progress=progress, seed=seed)
+    return deface(volume, method, brain_mask=brain, progress=progress, seed=seed, config=prior_config)

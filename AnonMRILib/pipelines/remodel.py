@@ -190,7 +190,7 @@ def prior_output(generator, generated, prior: Optional[Volume], prior_model, tra
 
 def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: WeightsLike = None,
                  device: str = "auto", seed: int = 0, progress: Optional[ProgressCallback] = None,
-                 rotations: Optional[int] = None, prior: Optional[str] = None) -> Volume:
+                 rotations: Optional[int] = None, prior: Optional[str] = None, prior_config=None) -> Volume:
     """De-identify a whole-head T1 by remodeling everything outside the brain inside the head's hull.
 
     ``volume``: the head (any orientation and spacing). ``brain_mask``: nonzero = brain on the
@@ -201,9 +201,12 @@ def remodel_face(volume: Volume, brain_mask: Optional[Volume] = None, weights: W
     from gamma alone on the model grid); see the README's CP-GAN section.
     ``device``: auto | cpu | cuda. Returns a Volume on ``volume``'s grid with its dtype; brain voxels are the input's, bit for bit (checked).
     ``rotations``: K of the surface representation (None = the model card's value).
+    ``prior_config``: :class:`~AnonMRILib.transforms.anatomical_prior.AnatomicalPriorConfig` of the
+    anatomical prior (None = defaults; e.g. the input's slice thickness).
     Raises WeightsError (weights missing/corrupt), InputError (bad input), InvariantError.
     """
-    volume_out, _ = remodel_face_with_details(volume, brain_mask, weights, device, seed, progress, rotations, prior)
+    volume_out, _ = remodel_face_with_details(volume, brain_mask, weights, device, seed, progress, rotations, prior,
+                                              prior_config)
     return volume_out
 
 
@@ -211,7 +214,7 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
                               device: str = "auto", seed: int = 0,
                               progress: Optional[ProgressCallback] = None,
                               rotations: Optional[int] = None,
-                              prior: Optional[str] = None) -> Tuple[Volume, Dict[str, Any]]:
+                              prior: Optional[str] = None, prior_config=None) -> Tuple[Volume, Dict[str, Any]]:
     """:func:`remodel_face` plus details: the brain mask and convex hull used, stage timings (s)."""
     import time
 
@@ -248,8 +251,8 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
         start = time.perf_counter()
         report(progress, 0.5, "placing the anatomical prior")
         # T without its noise (the generator sees it smooth); the noise is added after the warp
-        prior, noise = prior_from_transform(volume, transform, progress=sub_progress(progress, 0.5, 0.7), seed=seed,
-                                            defer_noise=True)
+        prior, noise = prior_from_transform(volume, transform, config=prior_config,
+                                            progress=sub_progress(progress, 0.5, 0.7), seed=seed, defer_noise=True)
         prior_model = transform.normalization.apply(transform.grid.to_model(prior)).astype(np.float32)
         timings["anatomical_prior"] = time.perf_counter() - start
 

@@ -43,10 +43,21 @@ def match_histogram(generated: np.ndarray, reference: np.ndarray, generated_mask
 
 
 def mean_gradient(stack: np.ndarray, mask: np.ndarray) -> float:
-    """Mean in-plane gradient magnitude of ``stack`` (N, H, W) over ``mask`` (0 when it is empty)."""
-    rows, cols = np.gradient(np.asarray(stack, dtype=np.float64), axis=(1, 2))
-    count = int(mask.sum())
-    return float(np.sqrt(rows ** 2 + cols ** 2)[mask].sum() / count) if count else 0.0
+    """Mean in-plane gradient magnitude of ``stack`` (N, H, W) over ``mask`` (0 when it is empty).
+    Computed on the mask's bounding box plus one pixel in-plane (central differences read one
+    neighbour: the same numbers as on the whole stack, without its allocations)."""
+    from .distance import bounding_box
+
+    mask = np.asarray(mask, bool)
+    extent = bounding_box(mask)
+    if extent is None:
+        return 0.0
+    low, high = extent
+    box = (slice(int(low[0]), int(high[0]) + 1),) + tuple(
+        slice(max(int(a) - 1, 0), min(int(b) + 2, n)) for a, b, n in zip(low[1:], high[1:], mask.shape[1:]))
+    rows, cols = np.gradient(np.asarray(stack[box], dtype=np.float64), axis=(1, 2))
+    inside = mask[box]
+    return float(np.sqrt(rows[inside] ** 2 + cols[inside] ** 2).sum() / int(inside.sum()))
 
 
 def estimate_noise_sigma(stack: np.ndarray, mask: np.ndarray) -> float:

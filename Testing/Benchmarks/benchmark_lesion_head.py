@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     parser.add_argument("--candidates", type=int, default=None)
     parser.add_argument("--configs", default="remodel,reface,none,none-independent",
                         help="comma-separated: remodel, reface, none (consistent), none-independent, quickshear")
+    parser.add_argument("--prior", choices=("donor", "none"), default="donor",
+                        help="the brain's generator: donor (default: the placed donor-brain prior and its models) or "
+                             "none (the paper's models)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     image = resample_slices(load_volume(args.image), args.slices, 1)
@@ -51,7 +54,7 @@ def main(argv=None) -> int:
     mask_cpu = time.process_time() - cpu
     print(json.dumps({"stage": "brain mask (hdbet)", "wall_s": round(time.perf_counter() - wall, 1),
                       "cpu_s": round(mask_cpu, 1)}), flush=True)
-    models = load_lesion_models(None, "cpu")
+    models = load_lesion_models(None, "cpu", prior=args.prior == "donor")
     from AnonMRILib.pipelines.lesion import SourceRepulsionConfig
 
     repulsion = SourceRepulsionConfig() if args.candidates is None else SourceRepulsionConfig(candidates=args.candidates)
@@ -63,7 +66,7 @@ def main(argv=None) -> int:
     totals = {}
     for key in args.configs.split(","):
         name, options = known[key]
-        config = LesionAnonymizationConfig(exact_lesion=True, repulsion=repulsion, **options)
+        config = LesionAnonymizationConfig(exact_lesion=True, repulsion=repulsion, prior=args.prior, **options)
         wall, cpu = time.perf_counter(), time.process_time()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # face method none: the warning is expected here
@@ -74,7 +77,7 @@ def main(argv=None) -> int:
                           "timings_s": details["timings_s"],
                           "face_in_parallel": bool(details.get("face_in_parallel"))}), flush=True)
     print(json.dumps({"whole run CPU seconds (brain mask included)": totals, "torch_threads": args.threads,
-                      "candidates": repulsion.candidates, "slices": args.slices}), flush=True)
+                      "candidates": repulsion.candidates, "slices": args.slices, "prior": args.prior}), flush=True)
     return 0
 
 

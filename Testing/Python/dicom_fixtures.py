@@ -1,7 +1,7 @@
 """A small MR DICOM series built from the embedded sample head, with identifying values planted in every
 attribute of DICOM PS3.15 Table E.1-1 and in private tags (for the DICOM output tests)."""
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -88,10 +88,11 @@ def planted_attributes() -> Tuple[Dict[int, Tuple[str, object]], List[str]]:
 def write_planted_series(volume: Volume, folder: Path, study_uid: str = f"{PLANTED_UID_ROOT}.1.1",
                          series_uid: str = f"{PLANTED_UID_ROOT}.1.2", frame_uid: str = f"{PLANTED_UID_ROOT}.1.3",
                          slope: float = 1.0, intercept: float = 0.0, plant_profile: bool = True,
-                         profile_every: int = 1) -> List[str]:
+                         profile_every: int = 1, slice_thickness: Optional[float] = None) -> List[str]:
     """Write ``volume`` (int16 values) as an Implicit-VR MR series into ``folder``; returns the planted tokens.
     ``plant_profile=False`` plants only the patient, institution, UID and private attributes (faster);
-    ``profile_every=n`` plants the whole profile table in every n-th slice only."""
+    ``profile_every=n`` plants the whole profile table in every n-th slice only; ``slice_thickness``
+    (mm): the SliceThickness written (default: the slice spacing)."""
     import pydicom
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ImplicitVRLittleEndian
@@ -130,7 +131,7 @@ def write_planted_series(volume: Volume, folder: Path, study_uid: str = f"{PLANT
         dataset.ImagePositionPatient = [float(v) for v in (lps @ np.array([0, 0, k, 1.0]))[:3]]
         dataset.ImageOrientationPatient = [float(v) for v in np.concatenate([direction[:, 0], direction[:, 1]])]
         dataset.PixelSpacing = [float(spacing[1]), float(spacing[0])]  # row spacing (j), column spacing (i)
-        dataset.SliceThickness = float(spacing[2])
+        dataset.SliceThickness = float(spacing[2] if slice_thickness is None else slice_thickness)
         dataset.Rows, dataset.Columns = volume.shape[1], volume.shape[0]
         dataset.SamplesPerPixel = 1
         dataset.PhotometricInterpretation = "MONOCHROME2"

@@ -367,3 +367,34 @@ def test_the_shipped_diffusion_card_names_the_shipped_vae():
     assert card["vae"]["file"] == VAE_FILE
     assert card["vae"]["sha256"] == hashlib.sha256((folder / VAE_FILE).read_bytes()).hexdigest()
     assert card["vae"]["trained_with_sha256"] != card["vae"]["sha256"]  # fp32 training file vs fp16 shipped
+
+
+def test_many_posteriors_come_off_a_table_that_equals_the_mixture():
+    """Above POSTERIOR_TABLE_FROM values the posteriors are read off a table across the values'
+    components: the same as the mixture evaluated voxel by voxel to 1e-6 (outliers far beyond the
+    table too), columns summing to 1."""
+    params = np.array([[60.0, 15.0, 0.2], [110.0, 12.0, 0.4], [150.0, 10.0, 0.4]])
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.normal(m, s, int(w * 300_000)) for m, s, w in params] + [np.array([-500.0, 900.0])])
+    assert values.size > bp.POSTERIOR_TABLE_FROM
+    table = bp.mixture_posteriors(values, params)
+    exact = np.concatenate([bp.mixture_posteriors(chunk, params) for chunk in np.array_split(values, 10)], axis=1)
+    assert all(chunk.size <= bp.POSTERIOR_TABLE_FROM for chunk in np.array_split(values, 10))
+    assert table.shape == exact.shape and np.abs(table - exact).max() < 1e-6
+    assert np.allclose(table.sum(axis=0), 1.0) and np.array_equal(table[:, -2:], exact[:, -2:])
+
+
+def test_mean_gradient_on_the_masks_box_equals_the_whole_stack():
+    from AnonMRILib.transforms.appearance import mean_gradient
+
+    rng = np.random.default_rng(1)
+    stack = rng.normal(size=(6, 40, 50))
+    for trial in range(10):
+        mask = np.zeros(stack.shape, bool)
+        r, c = rng.integers(0, 40), rng.integers(0, 50)
+        mask[rng.integers(0, 6), r:r + rng.integers(1, 12), c:c + rng.integers(1, 12)] = True
+        if trial % 3 == 0:
+            mask[:, 0, :] = True  # touching the edge: one-sided differences there, as before
+        rows, cols = np.gradient(stack, axis=(1, 2))
+        assert mean_gradient(stack, mask) == pytest.approx(np.sqrt(rows ** 2 + cols ** 2)[mask].mean(), rel=1e-12)
+    assert mean_gradient(stack, np.zeros(stack.shape, bool)) == 0.0

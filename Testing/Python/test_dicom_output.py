@@ -190,3 +190,28 @@ def test_remodel_dicom_dir_to_dicom_dir_with_the_shipped_weights(plain_series, t
     assert "remodel" in dataset.DeidentificationMethod[0] and dataset.RecognizableVisualFeatures == "NO"
     assert not str(dataset.StudyInstanceUID).startswith(PLANTED_UID_ROOT)
     assert not {token for path in out.iterdir() for token in tokens if token.encode() in path.read_bytes()}
+
+
+def test_a_dicom_series_slice_thickness_reaches_the_anatomical_prior(series, tmp_path, monkeypatch):
+    """5 mm slices every 7.5 mm: the series' SliceThickness (read from its header, that tag alone)
+    is the slab REFACE and CP-GAN's prior average over, unless --slice-thickness says otherwise."""
+    import AnonMRILib.pipelines.baselines as baselines
+    from AnonMRILib.io.readers import dicom_slice_thickness
+
+    head, _ = small_sample(step=5)
+    folder = tmp_path / "gapped"
+    write_planted_series(head, folder, plant_profile=False, slice_thickness=5.0)
+    assert dicom_slice_thickness(folder) == 5.0
+    assert dicom_slice_thickness(series[0]) == pytest.approx(head.spacing[2])
+    assert dicom_slice_thickness(tmp_path / "no_such_folder") is None
+    seen = []
+
+    def fake_deface(volume, method, brain_mask=None, config=None, **kwargs):
+        seen.append(config)
+        return volume
+
+    monkeypatch.setattr(baselines, "deface", fake_deface)
+    args = ["deface", str(folder), str(tmp_path / "out.nii.gz"), "--method", "reface", "--brain-mask", str(series[1]),
+            "--output-format", "image", "--no-before-after", "--quiet"]
+    assert main(args) == 0 and seen[-1].slice_thickness_mm == 5.0
+    assert main(args + ["--slice-thickness", "6"]) == 0 and seen[-1].slice_thickness_mm == 6.0

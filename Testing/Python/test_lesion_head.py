@@ -246,3 +246,57 @@ def test_sharpness_bisection_shortcut_equals_rendering_the_stack():
         rendered = np.where(mask, base + amount * detail, outside_values)
         assert sharpness(amount) == pytest.approx(mean_gradient(rendered, inner), rel=1e-12)
     assert _sharpness_of_amount(base, detail, np.zeros_like(mask))(1.0) == 0.0
+
+
+@pytest.mark.parametrize("method", ["remodel", "reface"])
+def test_face_prior_gets_the_inputs_slice_thickness(models, monkeypatch, method):
+    """The slice thickness given to the lesion method (--slice-thickness or the sidecar) reaches the
+    anatomical prior of the face treatment too: both priors average one slab."""
+    import AnonMRILib.pipelines.baselines as baselines
+    import AnonMRILib.pipelines.remodel as remodel
+    from AnonMRILib.transforms.brain_prior import BrainPriorConfig
+
+    head, lesion, brain = head_with_lesion()
+    seen = {}
+
+    def fake_remodel(volume, brain_mask=None, prior_config=None, **kwargs):
+        seen["config"] = prior_config
+        return volume
+
+    def fake_deface(volume, method, brain_mask=None, config=None, **kwargs):
+        seen["config"] = config
+        return volume
+
+    monkeypatch.setattr(remodel, "remodel_face", fake_remodel)
+    monkeypatch.setattr(baselines, "deface", fake_deface)
+    config = LesionAnonymizationConfig(**FAST, input_kind="head", face_method=method,
+                                       brain_prior=BrainPriorConfig(slice_thickness_mm=4.0))
+    anonymize_lesions(head, lesion, config, weights=models, brain_mask=brain)
+    assert seen["config"].slice_thickness_mm == 4.0
+    anonymize_lesions(head, lesion, LesionAnonymizationConfig(**FAST, input_kind="head", face_method=method),
+                      weights=models, brain_mask=brain)
+    assert seen["config"] is None
+
+
+def test_donor_prior_whole_head_runs_the_face_beside_the_generation_with_the_slice_thickness(monkeypatch):
+    """The donor-prior path (the default) treats a whole head's face in the background job too, says
+    so in its details, and gives the face prior the slab of the brain prior."""
+    import AnonMRILib.pipelines.lesion_head as lesion_head
+    from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+    from AnonMRILib.transforms.brain_prior import BrainPriorConfig
+
+    head, lesion, brain = head_with_lesion()
+    seen = {}
+    treat = lesion_head.face_treatment
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return treat(*args, **kwargs)
+
+    monkeypatch.setattr(lesion_head, "face_treatment", spy)
+    config = LesionAnonymizationConfig(exact_lesion=True, input_kind="head", face_method="quickshear",
+                                       variation=PriorVariationConfig(strength=0.0),
+                                       brain_prior=BrainPriorConfig(donors=("robex_atlas",), slice_thickness_mm=4.0))
+    out, details = anonymize_lesions_with_details(head, lesion, config, brain_mask=brain)
+    assert details["face_in_parallel"] is True and seen["slice_thickness_mm"] == 4.0
+    assert np.array_equal(out.array[lesion.array != 0], head.array[lesion.array != 0])

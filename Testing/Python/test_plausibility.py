@@ -115,3 +115,33 @@ def test_lesion_masks(sample):
         check_lesion_mask(head, head.with_array(outside))
     assert check_lesion_mask(head, whole, config=PlausibilityConfig(lesion_head_fraction=10.0,
                                                                      lesion_inside=0.0)).fraction_of_reference > 1
+
+
+def test_a_head_cut_by_the_field_of_view_holds_its_own_brain_mask(sample):
+    """Thick clinical slices that end inside the brain (pyradiomics brain1) leave its dark cavities
+    open onto the grid's edge, where 3-D hole filling cannot close them: the brain mask's containment
+    is measured within the head's outline, slice by slice. A mask of another image stays refused."""
+    from scipy import ndimage
+
+    head, brain = sample
+    inside = np.asarray(brain.array) != 0
+    levels = np.flatnonzero(inside.any(axis=(0, 1)))
+    top = int(levels[0] + 0.8 * (levels[-1] - levels[0]))  # the field of view ends inside the brain
+    array = np.asarray(head.array)[:, :, :top].copy()
+    # dark, CSF-like channels through the brain that reach the cut (ventricles and sulci opening upwards)
+    core = ndimage.binary_erosion(inside[:, :, :top], iterations=3)
+    channels = core & ((np.indices(core.shape)[0] % 4) < 2)
+    array[channels] = 0
+    cut = Volume(array, head.affine)
+    cut_brain = Volume(inside[:, :, :top].astype(np.uint8), brain.affine)
+    from AnonMRILib.transforms.plausibility import _coarse, _head_and_strides, DEFAULT_CONFIG
+
+    head3d, strides = _head_and_strides(cut, DEFAULT_CONFIG)
+    coarse = _coarse(inside[:, :, :top], strides)
+    assert (coarse & head3d).sum() / coarse.sum() < DEFAULT_CONFIG.brain_inside_head  # the 3-D head alone refuses it
+    summary = check_brain_mask(cut, cut_brain)
+    assert summary.inside_fraction > 0.98
+    shifted = np.zeros_like(cut_brain.array)
+    shifted[:, 70:, :] = cut_brain.array[:, :-70, :]
+    with pytest.raises(InputError, match="inside the head|spans|mL"):
+        check_brain_mask(cut, cut.with_array(shifted))

@@ -238,3 +238,72 @@ def test_reface_through_deface_and_cli(tmp_path, sample, refaced):
     out = load_volume(tmp_path / "out.nii.gz")
     assert np.array_equal(out.array, refaced[0].array)   # same defaults, same seed: the API's output
     assert (tmp_path / "out_before_after.png").is_file()
+
+
+def test_thick_slices_average_the_rendering_over_the_slab_not_a_wider_gaussian():
+    """A 6.5 mm slice integrates its slab (a box), as the brain prior does: an edge crossing the
+    slices ramps over exactly the slab (6.5 mm; 5 mm with a 1.5 mm gap), flat beyond it; in-plane
+    and near-isotropic axes are left as they were (Gaussian of the extra extent, or none)."""
+    from AnonMRILib.io import Volume
+    from AnonMRILib.transforms.anatomical_prior import _antialias_for, slab_box_kernel, target_extent_mm
+
+    assert np.allclose(slab_box_kernel(2.0), [0.25, 0.5, 0.25]) and np.isclose(slab_box_kernel(6.5).sum(), 1.0)
+    assert np.allclose(slab_box_kernel(5.0), np.full(5, 0.2)) and np.allclose(slab_box_kernel(1.0), [1.0])
+    grid = Volume(np.zeros((4, 4, 40), np.float32), np.eye(4))
+    step = np.zeros(grid.shape, np.float32)
+    step[:, :, 20:] = 1.0  # an edge at z = 19.5 mm, sharp on the template's 1 mm grid
+    thick = Volume(np.zeros((8, 8, 4), np.float32), np.diag([0.78, 0.78, 6.5, 1.0]))
+    assert np.allclose(target_extent_mm(thick), [0.78, 0.78, 6.5])
+    assert np.allclose(target_extent_mm(thick, slice_thickness_mm=5.0), [0.78, 0.78, 5.0])
+    for thickness, ramp in ((None, 6.5), (5.0, 5.0)):
+        profile = _antialias_for(step, grid, thick, thickness)[1, 1]
+        steps = np.diff(profile)
+        kernel = slab_box_kernel(ramp)
+        rising = np.flatnonzero(steps > 1e-7)
+        assert np.allclose(steps[rising], kernel, atol=1e-6), (thickness, profile)  # the box itself
+        assert np.isclose(np.sum(kernel), 1.0) and np.isclose(kernel.size, 2 * np.ceil(ramp / 2 - 0.5) + 1)
+        assert np.isclose(np.sum(kernel * (np.arange(kernel.size) - kernel.size // 2) ** 2), ramp ** 2 / 12, rtol=0.1)
+        assert np.allclose(profile[:15], 0.0) and np.allclose(profile[25:], 1.0)
+    assert np.array_equal(_antialias_for(step, grid, Volume(np.zeros((4, 4, 4), np.float32), np.eye(4))), step)
+    coarse = _antialias_for(step, grid, Volume(np.zeros((4, 4, 4), np.float32), np.diag([1.5, 1.5, 1.5, 1.0])))
+    assert 0.0 < coarse[1, 1, 18] < 0.1 and np.allclose(coarse[1, 1, :15], 0.0)  # the Gaussian of 1.12 mm
+    with pytest.raises(InputError):
+        AnatomicalPriorConfig(slice_thickness_mm=0.0)
+
+
+@pytest.mark.parametrize("command", ["remodel", "deface"])
+def test_remodel_and_reface_clis_take_the_slice_thickness_from_the_flag_or_the_bids_sidecar(tmp_path, sample,
+                                                                                             monkeypatch, command):
+    import json
+
+    import AnonMRILib.pipelines.baselines as baselines
+    import AnonMRILib.pipelines.remodel as remodel
+    from AnonMRILib.cli.main import main
+    from AnonMRILib.io import save_volume
+
+    head, mask = sample
+    save_volume(head, tmp_path / "sub-1_T1w.nii.gz")
+    save_volume(mask, tmp_path / "mask.nii.gz")
+    seen = []
+
+    def fake_remodel(volume, brain_mask=None, prior_config=None, **kwargs):
+        seen.append(prior_config)
+        return volume
+
+    def fake_deface(volume, method, brain_mask=None, config=None, **kwargs):
+        seen.append(config)
+        return volume
+
+    monkeypatch.setattr(remodel, "remodel_face", fake_remodel)
+    monkeypatch.setattr(baselines, "deface", fake_deface)
+    method = ["--method", "reface", "--no-before-after"] if command == "deface" else []
+    args = [command, str(tmp_path / "sub-1_T1w.nii.gz"), str(tmp_path / "out.nii.gz"), "--brain-mask",
+            str(tmp_path / "mask.nii.gz"), "--quiet", *method]
+    assert main(args) == 0 and seen[-1] is None  # no sidecar, no flag: the spacing
+    (tmp_path / "sub-1_T1w.json").write_text(json.dumps({"SliceThickness": 5}))
+    assert main(args) == 0 and seen[-1].slice_thickness_mm == 5.0
+    assert main(args + ["--slice-thickness", "4"]) == 0 and seen[-1].slice_thickness_mm == 4.0  # the flag wins
+    calls = len(seen)
+    assert main(args + ["--slice-thickness", "0"]) == 2 and len(seen) == calls  # refused before running
+    if command == "deface":  # a removal method has no prior to give it to
+        assert main([a if a != "reface" else "quickshear" for a in args]) == 0 and seen[-1] is None

@@ -112,6 +112,15 @@ def test_thick_slices_measure_noise_in_plane_only():
     brain = np.ones(volume.shape, bool)
     assert white_matter_noise(volume, brain, T1, spacing=(0.78, 0.78, 6.5)) == pytest.approx(12.0, rel=0.1)
     assert white_matter_noise(volume, brain, T1) > 20.0
+    # a thick slab also mixes anatomy into the in-plane neighbours (stripes of partial volume along
+    # one in-plane axis here): Immerkaer's operator cancels them, a 4-neighbour residual does not
+    from AnonMRILib.transforms.tissue_model import noise_sigma
+
+    striped = np.full((48, 48, 12), 420.0, np.float32)
+    striped += (100.0 * np.sin(2 * np.pi * np.arange(48) / 5.0))[:, None, None].astype(np.float32)
+    striped += rng.normal(0.0, 12.0, striped.shape).astype(np.float32)
+    assert white_matter_noise(striped, brain, T1, spacing=(0.78, 0.78, 6.5)) == pytest.approx(12.0, rel=0.12)
+    assert noise_sigma(striped, brain, spacing=(0.78, 0.78, 6.5)) > 20.0
 
 
 def test_prior_noise_follows_the_signal_and_leaves_air_clean():
