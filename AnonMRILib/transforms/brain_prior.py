@@ -297,7 +297,7 @@ POSTERIOR_TABLE_SIZE = 16385
 
 def mixture_posteriors(values: np.ndarray, params: np.ndarray) -> np.ndarray:
     """(3, N) posterior class probabilities of ``values`` under a mixture of :func:`fit_tissue_mixture`
-    (far outside every component: the nearest one by mean)."""
+    (in log space, so they stay defined far outside every component, where the widest one wins)."""
     values = np.asarray(values, dtype=np.float64)
     if values.size > POSTERIOR_TABLE_FROM:
         # the table spans the components (12 deviations around each) within the values' range;
