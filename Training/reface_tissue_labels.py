@@ -43,8 +43,16 @@ Steps (all on a 1 mm RAS grid, lengths in mm; :func:`label_tissues`):
 5. **diploe** (:func:`add_diploe`): the core of the vault's bone band, farther than ``diploe_mm``
    from both tables, becomes "diploe" at s = 2.2 (between GM and WM: marrow partly red, partly
    fatty) with the noise as its only texture: the source's vault is dark through and through,
-   most adults' has a diploe between the tables.
+   most adults' has a diploe between the tables;
+6. **cervical spine and nasal cavity** (:func:`draw_cervical_spine`, :func:`draw_nasal_cavity`, run
+   by the template builder once the labels are under MakeHuman's skin): the source's neck and
+   nose are too dim, noisy and coarse for intensity rules (no vertebra, disc or airway came out,
+   the traced cord ran 15 mm off the midline, the nasal cavity came out as muscle), so the cord,
+   canal, vertebrae with discs, arches and spinous processes and the pharynx under the template's
+   brainstem, and the septum, turbinates and air of the nasal cavity between its eyes, are drawn
+   from textbook adult dimensions (:class:`CervicalSpineShape`, :class:`NasalCavityShape`).
 """
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -339,6 +347,285 @@ def add_diploe(labels: np.ndarray, texture: np.ndarray, brain: np.ndarray, affin
     labels, texture = labels.copy(), texture.copy()
     labels[core] = LABEL["diploe"]
     texture[core] = 0.0
+    return labels, texture
+
+
+#: tissue-scale levels of the drawn spine's own classes (air 0, CSF 1, GM 2, WM 3): an adult's
+#: vertebral marrow (red and fatty) is brighter than disc and muscle and darker than subcutaneous
+#: fat on a T1; a disc is a little darker than muscle (textbook T1 appearance, not measured on a head)
+SPINE_LEVELS = {"vertebra": 2.9, "disc": 1.7}
+
+
+@dataclass(frozen=True)
+class CervicalSpineShape:
+    """Adult cervical-spine dimensions (mm; radii are (left-right, antero-posterior) half-axes) of
+    :func:`draw_cervical_spine`, from textbook anatomy, not from any head here: cord 13 x 8, canal
+    22 x 16, vertebral bodies 18 x 16 and 14 high (C2 with its dens), discs 5, cortex 1.5, laminae
+    3 thick, spinous processes 18 long, prevertebral soft tissue 4, oro- and hypopharyngeal airway
+    22 x 12 lined by 2 of mucosa."""
+
+    cord_radii: Tuple[float, float] = (6.5, 4.0)
+    canal_radii: Tuple[float, float] = (11.0, 8.0)
+    body_radii: Tuple[float, float] = (9.0, 8.0)
+    body_height: float = 14.0
+    disc_height: float = 5.0
+    cortex: float = 1.5
+    lamina: float = 3.0
+    spinous_length: float = 18.0
+    spinous_width: float = 6.0
+    spinous_height: float = 8.0
+    dens_radius: float = 5.0
+    prevertebral: float = 4.0
+    airway_radii: Tuple[float, float] = (11.0, 6.0)
+    mucosa: float = 2.0
+    #: the cord's centre behind the medulla's front (mm): half the medulla's depth
+    stem_depth: float = 7.0
+    #: corner radius of a vertebral body's rim (mm)
+    rim_radius: float = 2.0
+    #: how far above the brain mask's lowest point the cord and canal start (mm)
+    cord_into_brain: float = 12.0
+    #: kept clear of the skin (mm): the column never reaches the subcutaneous layers
+    skin_clearance: float = 8.0
+
+
+def _ellipse(dx: np.ndarray, dy: np.ndarray, radii: Sequence[float]) -> np.ndarray:
+    return (dx / radii[0]) ** 2 + (dy / radii[1]) ** 2 <= 1.0
+
+
+def draw_cervical_spine(labels: np.ndarray, texture: np.ndarray, brain: np.ndarray, affine: np.ndarray,
+                        shape: CervicalSpineShape = CervicalSpineShape()) -> Tuple[np.ndarray, np.ndarray]:
+    """(labels, texture) with a cervical spine, spinal canal, cord and pharyngeal airway drawn
+    below the template's brain (1 mm axis-aligned RAS grid; ``brain``: the template's brain mask).
+
+    The source head's own neck is too dim and noisy at 1.5 mm for intensity rules: its traced
+    "cord" wandered 15 mm off the midline, and no vertebra, disc or airway came out (a mid-sagittal
+    slice of every remodeled head showed a shapeless grey neck). So the column is drawn from
+    :class:`CervicalSpineShape`:
+
+    * the **axis** starts ``stem_depth`` behind the medulla's front (the most anterior voxel of the
+      brain mask's lowest centimetre within 5 mm of the midline; behind the medulla the
+      cerebellum reaches lower in the template's mask) and runs down the midline at that
+      distance from the posterior skin (smoothed along the neck), so it follows the neck's lordosis;
+    * the **cord** in its CSF-filled **canal** from ``cord_into_brain`` inside the brain mask (a
+      patient's brainstem that ends higher continues into it) to the template's lower end;
+    * **vertebrae** in front of the canal from the foramen magnum (F, the brain's lowest point)
+      down: the dens of C2 from F - 4 to F - 16 behind the anterior arch of C1 (F - 8 to F - 16),
+      then bodies of ``body_height`` (C2: 16) with rounded rims over discs of ``disc_height``:
+      "vertebra" (marrow) in a ``cortex``-thick shell of bone, "disc" between them (levels
+      :data:`SPINE_LEVELS`);
+    * per vertebra a bony **neural arch** around the back of the canal and a **spinous process**
+      (marrow in bone) running back from it, and the posterior arch of C1;
+    * the **pharynx**: air in front of the bodies (after ``prevertebral`` mm), lined by mucosa,
+      from the level of C1 down.
+
+    Every voxel farther than ``skin_clearance`` from the skin may be redrawn; the old cord label
+    and its canal CSF become muscle first. Redrawn voxels carry no source texture (flat class
+    levels plus the rendering's noise)."""
+    from scipy import ndimage
+
+    labels, texture = labels.copy(), texture.copy()
+    spacing = float(abs(affine[0, 0]))
+    world = _world(labels.shape, affine)
+    head = labels != LABEL["outside"]
+    depth = ndimage.distance_transform_edt(head) * spacing
+    old_cord = labels == LABEL["cord"]
+    if old_cord.any():
+        near_old = ndimage.distance_transform_edt(~old_cord) * spacing <= 6.0
+        labels[old_cord | (near_old & (labels == LABEL["csf"]) & ~brain)] = LABEL["muscle"]
+        texture[old_cord] = 0.0
+
+    z_world = world[2][0, 0, :]
+    brain_z = np.flatnonzero(brain.any(axis=(0, 1)))
+    lowest = int(brain_z[0])
+    foramen = float(z_world[lowest])
+    midline = float(world[0][brain].mean())
+    # the medulla is the front of the brain's lowest centimetre at the midline (behind it, the
+    # cerebellum reaches lower in the template's mask): the cord's centre lies stem_depth behind it
+    low = brain[:, :, lowest: lowest + int(round(10 / spacing)) + 1] & \
+        (np.abs(world[0][:, :, lowest: lowest + int(round(10 / spacing)) + 1] - midline) <= 5.0)
+    y0 = float(world[1][:, :, lowest: lowest + int(round(10 / spacing)) + 1][low].max()) - shape.stem_depth
+    # posterior skin at the midline, slice by slice, smoothed along z
+    band = np.abs(world[0][:, :, 0] - midline) <= 5.0
+    posterior = np.full(labels.shape[2], np.nan)
+    for z in range(labels.shape[2]):
+        inside = head[:, :, z] & band
+        if inside.any():
+            posterior[z] = world[1][:, :, 0][inside].min()
+    valid = np.isfinite(posterior)
+    posterior = np.interp(np.arange(labels.shape[2]), np.flatnonzero(valid), posterior[valid])
+    posterior = ndimage.gaussian_filter1d(posterior, 8.0 / spacing, mode="nearest")
+    offset = y0 - posterior[lowest]
+    axis_y = np.where(np.arange(labels.shape[2]) <= lowest, posterior + offset, y0)
+
+    # vertebral levels (top, bottom) relative to the foramen magnum, mm
+    bodies = [(-16.0, -32.0)]
+    top = -32.0 - shape.disc_height
+    while top > float(z_world[0]) - foramen - shape.body_height:
+        bodies.append((top, top - shape.body_height))
+        top -= shape.body_height + shape.disc_height
+
+    free = depth > shape.skin_clearance
+    x = world[0][:, :, 0] - midline
+    for z in range(labels.shape[2]):
+        h = float(z_world[z]) - foramen  # height above the foramen magnum, mm
+        if h > shape.cord_into_brain:
+            continue
+        y = world[1][:, :, 0] - axis_y[z]
+        sl, tex, ok = labels[:, :, z], texture[:, :, z], free[:, :, z]
+        canal = _ellipse(x, y, shape.canal_radii)
+
+        def put(mask, name):
+            mask = mask & ok
+            sl[mask] = LABEL[name]
+            tex[mask] = 0.0
+
+        body_y = y - (shape.canal_radii[1] + shape.body_radii[1])
+        if h <= 0.0:
+            airway_y = body_y - (shape.body_radii[1] + shape.prevertebral + shape.mucosa + shape.airway_radii[1])
+            if h <= -8.0:
+                lined = (shape.airway_radii[0] + shape.mucosa, shape.airway_radii[1] + shape.mucosa)
+                put(_ellipse(x, airway_y, lined), "mucosa")
+                put(_ellipse(x, airway_y, shape.airway_radii), "air")
+            for upper, lower in bodies:
+                if lower <= h <= upper:
+                    from_end = min(upper - h, h - lower)  # rounded rims: the radii shrink at the end plates
+                    shrink = shape.rim_radius - np.sqrt(max(shape.rim_radius ** 2 - max(shape.rim_radius - from_end, 0.0) ** 2, 0.0))
+                    radii = [r - shrink for r in shape.body_radii]
+                    put(_ellipse(x, body_y, radii), "bone")
+                    if from_end >= shape.cortex:
+                        put(_ellipse(x, body_y, [r - shape.cortex for r in radii]), "vertebra")
+                    ring = _ellipse(x, y, [r + shape.lamina for r in shape.canal_radii]) & ~canal & (y < 2.0)
+                    put(ring, "bone")
+                    centre = upper - 0.5 * (upper - lower) - 4.0
+                    if abs(h - centre) <= 0.5 * shape.spinous_height:
+                        back = shape.canal_radii[1] + shape.spinous_length
+                        process = (np.abs(x) <= 0.5 * shape.spinous_width) & (y <= -shape.canal_radii[1]) & (y >= -back)
+                        inner = (np.abs(x) <= 0.5 * shape.spinous_width - shape.cortex) & \
+                            (y <= -shape.canal_radii[1] - shape.lamina) & (y >= -back + shape.cortex)
+                        put(process, "bone")
+                        put(inner, "vertebra")
+                    break
+                if lower - shape.disc_height <= h < lower:
+                    put(_ellipse(x, body_y, shape.body_radii), "disc")
+                    break
+            if -16.0 <= h <= -8.0:  # atlas: anterior and posterior arches
+                arch = body_y - shape.body_radii[1] + 1.0
+                put(_ellipse(x, arch, (8.0, 3.0)), "bone")
+                put(_ellipse(x, arch, (6.0, 1.5)), "vertebra")
+                ring = _ellipse(x, y, [r + shape.lamina for r in shape.canal_radii]) & ~canal & (y < 2.0)
+                put(ring, "bone")
+            if -16.0 <= h <= -4.0:  # dens
+                put(_ellipse(x, body_y + 2.0, (shape.dens_radius, shape.dens_radius)), "bone")
+                put(_ellipse(x, body_y + 2.0, (shape.dens_radius - shape.cortex,) * 2), "vertebra")
+        # canal and cord last: from cord_into_brain inside the brain down
+        put(canal & ~brain[:, :, z], "csf")
+        put(_ellipse(x, y, shape.cord_radii), "cord")
+    return labels, texture
+
+
+@dataclass(frozen=True)
+class NasalCavityShape:
+    """Adult nasal-cavity dimensions (mm) of :func:`draw_nasal_cavity`, from textbook anatomy, not
+    from any head here: floor 40 mm below the eyes' centres, 46 high, 70 from the bony aperture
+    (15 mm in front of the eyes' centres) back to the choanae, 26 wide at the floor narrowing to
+    10 at the roof; a 2 mm septum; inferior, middle and superior turbinates along each lateral
+    wall; 1.5 mm of mucosa on every wall."""
+
+    floor_below_eyes: float = 40.0
+    height: float = 46.0
+    aperture_before_eyes: float = 15.0
+    length: float = 70.0
+    floor_width: float = 26.0
+    roof_width: float = 10.0
+    septum: float = 2.0
+    mucosa: float = 1.5
+    #: air kept between each turbinate and the septum's mucosa (the common meatus)
+    meatus: float = 3.0
+    vestibule: float = 15.0
+    #: the roof's height at the aperture and at the choanae, as a fraction of ``height``
+    end_height: float = 0.6
+    #: the drawn walls, septum and turbinates wander by up to this much (mm) over this scale (mm)
+    irregularity_mm: float = 1.5
+    irregularity_scale_mm: float = 6.0
+    seed: int = 0
+    #: (height of the centre above the floor, half-width, half-height, start behind the aperture,
+    #: end in front of the choanae) of the inferior, middle and superior turbinates
+    turbinates: Tuple[Tuple[float, float, float, float, float], ...] = (
+        (9.0, 4.5, 5.5, 10.0, 5.0), (22.0, 3.5, 4.5, 20.0, 10.0), (33.0, 2.5, 3.0, 35.0, 10.0))
+    #: kept clear of the skin (mm): the nose's own surface is never redrawn
+    skin_clearance: float = 6.0
+
+
+def eye_centres(labels: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """(2, 3) RAS centres (mm) of the two largest vitreous components of a label map."""
+    from scipy import ndimage
+
+    components, count = ndimage.label(labels == LABEL["vitreous"])
+    if count < 2:
+        raise ValueError("the label map has fewer than two eye globes")
+    sizes = np.bincount(components.ravel())[1:]
+    world = _world(labels.shape, affine)
+    return np.stack([world[:, components == k + 1].mean(axis=1) for k in np.argsort(sizes)[::-1][:2]])
+
+
+def draw_nasal_cavity(labels: np.ndarray, texture: np.ndarray, affine: np.ndarray,
+                      shape: NasalCavityShape = NasalCavityShape()) -> Tuple[np.ndarray, np.ndarray]:
+    """(labels, texture) with a nasal cavity drawn between the eyes and the palate (1 mm
+    axis-aligned RAS grid): air on both sides of a septum, three turbinates along each lateral
+    wall, mucosa lining every wall (septum and turbinates drawn as mucosa: intermediate on a T1). The source's nasal cavity, at 1.5 mm, mixes its air
+    with the turbinates: the intensity rules labelled it muscle, and a remodeled head's axial and
+    coronal slices through the face showed a solid grey nose. Placed from the template's own eyes
+    (:func:`eye_centres`): midline between them, floor ``floor_below_eyes`` below their centres,
+    from ``aperture_before_eyes`` in front of them back by ``length``; its roof is highest in the
+    middle and falls to ``end_height`` at both ends; its width narrows linearly from floor to roof
+    and, over the front ``vestibule`` mm, towards the nostrils; every boundary
+    wanders by up to ``irregularity_mm`` (a smooth seeded deformation: no septum is straight). Only voxels farther than ``skin_clearance`` from the skin are redrawn, and
+    they carry no source texture."""
+    from scipy import ndimage
+
+    labels, texture = labels.copy(), texture.copy()
+    spacing = float(abs(affine[0, 0]))
+    eyes = eye_centres(labels, affine)
+    centre = eyes.mean(axis=0)
+    floor = centre[2] - shape.floor_below_eyes
+    front = centre[1] + shape.aperture_before_eyes
+    back = front - shape.length
+    world = _world(labels.shape, affine)
+    # a smooth seeded deformation (no real septum or turbinate is straight): standard deviation half
+    # of ``irregularity_mm``, clipped at it, varying over ``irregularity_scale_mm``
+    rng = np.random.default_rng(shape.seed)
+    for axis in range(3):
+        field = ndimage.gaussian_filter(rng.standard_normal(labels.shape).astype(np.float32),
+                                        shape.irregularity_scale_mm / spacing)
+        field *= 0.5 * shape.irregularity_mm / max(float(field.std()), 1e-6)  # standard deviation: half the bound
+        world[axis] += np.clip(field, -shape.irregularity_mm, shape.irregularity_mm)
+    x, y, z = world[0] - centre[0], world[1], world[2] - floor
+    # sagittal outline: the roof is highest in the middle (the cribriform plate) and falls to
+    # ``end_height`` of it at the aperture and at the choanae
+    along = np.clip((y - back) / shape.length, 0.0, 1.0)
+    roof = shape.height * (shape.end_height + (1.0 - shape.end_height) * np.sqrt(np.sin(np.pi * along)))
+    inside = (z >= 0) & (z <= roof) & (y >= back) & (y <= front)
+    half = 0.5 * (shape.floor_width + (shape.roof_width - shape.floor_width) * np.clip(z / shape.height, 0, 1))
+    # the vestibule: the front ``vestibule`` mm narrow to 40 % towards the nostrils
+    half = half * np.clip(0.4 + 0.6 * (front - y) / shape.vestibule, 0.4, 1.0)
+    cavity = inside & (np.abs(x) <= half)
+    ok = ndimage.distance_transform_edt(labels != LABEL["outside"]) * spacing > shape.skin_clearance
+    cavity &= ok
+    wall = cavity & ~(inside & (np.abs(x) <= half - shape.mucosa) & (z >= shape.mucosa)
+                      & (z <= roof - shape.mucosa) & (y >= back + shape.mucosa) & (y <= front - shape.mucosa))
+    septum = cavity & (np.abs(x) <= 0.5 * shape.septum)
+    septal_mucosa = cavity & (np.abs(x) <= 0.5 * shape.septum + shape.mucosa) & ~septum
+    turbinate = np.zeros(labels.shape, bool)
+    for height, half_width, half_height, start, end in shape.turbinates:
+        lateral = np.abs(x) - (half - half_width)  # centred half_width inside the lateral wall
+        roll = (lateral / half_width) ** 2 + ((z - height) / half_height) ** 2 <= 1.0
+        medial_gap = np.abs(x) >= 0.5 * shape.septum + shape.mucosa + shape.meatus  # the common meatus
+        turbinate |= cavity & roll & medial_gap & (y <= front - start) & (y >= back + end)
+    labels[cavity] = LABEL["air"]
+    # the septum is cartilage in front and thin bone behind, under mucosa: intermediate on a T1
+    # (drawn as bone, the mid-sagittal slice showed a black plate where a real one is grey)
+    labels[wall | septal_mucosa | turbinate | septum] = LABEL["mucosa"]
+    texture[cavity] = 0.0
     return labels, texture
 
 

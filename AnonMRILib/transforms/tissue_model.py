@@ -38,7 +38,8 @@ from .distance import bounding_box
 
 #: label values of the tissue model (index = value); "brain" is the template's own brain, drawn as CSF
 CLASSES: Tuple[str, ...] = ("outside", "brain", "csf", "bone", "marrow", "fat", "muscle", "skin", "air",
-                            "vitreous", "lens", "optic_nerve", "cord", "teeth", "mucosa", "dura", "diploe")
+                            "vitreous", "lens", "optic_nerve", "cord", "teeth", "mucosa", "dura", "diploe",
+                            "vertebra", "disc")
 LABEL: Dict[str, int] = {name: index for index, name in enumerate(CLASSES)}
 #: tissue-scale knots of the brain's levels: air, CSF, grey matter, white matter
 KNOTS: Tuple[float, ...] = (0.0, 1.0, 2.0, 3.0)
@@ -180,7 +181,8 @@ def noise_axes(spacing: Optional[Sequence[float]], ndim: int = 3) -> Tuple[int, 
 
 
 #: classes that never lie just under the skin: within the subcutaneous depth they are drawn as fat
-NOT_SUBCUTANEOUS: Tuple[str, ...] = ("brain", "csf", "bone", "marrow", "diploe", "dura", "air", "teeth", "muscle", "mucosa")
+NOT_SUBCUTANEOUS: Tuple[str, ...] = ("brain", "csf", "bone", "marrow", "diploe", "dura", "air", "teeth", "muscle", "mucosa",
+                                     "vertebra", "disc")
 
 
 def with_subcutaneous_fat(labels: np.ndarray, spacing: Sequence[float], depth_mm: float,

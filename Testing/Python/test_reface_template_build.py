@@ -111,3 +111,125 @@ def test_loop_subdivision_rounds_off_a_coarse_meshs_facets():
     radius = np.linalg.norm(fine, axis=1)
     assert len(fine_faces) == 8 * 4 ** 3
     assert np.ptp(radius) / radius.mean() < 0.35 * np.ptp(coarse_spread) / coarse_spread.mean()
+
+
+def synthetic_head_with_neck():
+    """(labels, brain, affine) of a 1 mm RAS head: an ellipsoidal brain (lowest point z = 85 mm,
+    midline x = 60 mm) over an elliptic neck (centre y = 80, radii 50 x 70 mm), muscle inside,
+    a 2 mm skin, and a wrongly traced "cord" 15 mm right of the midline."""
+    from AnonMRILib.transforms.tissue_model import LABEL
+
+    shape = (120, 170, 180)
+    x, y, z = np.mgrid[: shape[0], : shape[1], : shape[2]].astype(np.float64)
+    brain = ((x - 60) / 45) ** 2 + ((y - 60) / 55) ** 2 + ((z - 130) / 45) ** 2 <= 1.0
+    neck = ((x - 60) / 50) ** 2 + ((y - 80) / 70) ** 2 <= 1.0
+    head = (neck & (z >= 2)) | (((x - 60) / 56) ** 2 + ((y - 70) / 68) ** 2 + ((z - 125) / 56) ** 2 <= 1.0)
+    labels = np.full(shape, LABEL["outside"], np.uint8)
+    labels[head] = LABEL["muscle"]
+    from scipy import ndimage
+
+    labels[head & (ndimage.distance_transform_edt(head) <= 2)] = LABEL["skin"]
+    labels[brain] = LABEL["csf"]
+    labels[(np.hypot(x - 75, y - 70) <= 4) & (z < 85) & head & ~brain] = LABEL["cord"]
+    return labels, brain, np.eye(4)
+
+
+def test_cervical_spine_is_drawn_on_the_midline_under_the_medulla():
+    """The column hangs from the brain's front at the midline: cord in CSF, vertebral bodies of
+    the shape's height over discs, bony arches, the pharynx in front; the old off-midline cord is
+    gone and nothing within the skin clearance changes."""
+    from reface_tissue_labels import CervicalSpineShape, draw_cervical_spine
+
+    from AnonMRILib.transforms.tissue_model import LABEL
+
+    labels, brain, affine = synthetic_head_with_neck()
+    texture = np.full(labels.shape, 0.3, np.float32)
+    shape = CervicalSpineShape()
+    out, out_texture = draw_cervical_spine(labels, texture, brain, affine, shape)
+    front = np.argwhere(brain[55:66, :, 85:96])[:, 1].max()
+    y0 = front - shape.stem_depth
+    cord = np.argwhere(out[:, :, :60] == LABEL["cord"])
+    assert abs(cord[:, 0].mean() - 60) < 0.5 and abs(cord[:, 1].mean() - y0) < 1.0
+    assert not np.any(out[70:80, 60:80, :60] == LABEL["cord"])  # the old trace became muscle
+    z = 40
+    assert out[60, int(y0), z] == LABEL["cord"]
+    assert out[60, int(y0) + 6, z] == LABEL["csf"] and out[60, int(y0) - 6, z] == LABEL["csf"]
+    # along the bodies' axis: vertebrae (marrow in a bony shell) alternate with discs
+    axis = out[60, int(round(y0 + shape.canal_radii[1] + shape.body_radii[1])), :85]
+    runs = np.split(axis, np.flatnonzero(np.diff(axis)) + 1)
+    discs = [len(r) for r in runs if r[0] == LABEL["disc"]]
+    marrow = [len(r) for r in runs if r[0] == LABEL["vertebra"]]
+    assert len(discs) >= 3 and all(abs(n - shape.disc_height) <= 1 for n in discs)
+    assert all(abs(n - (shape.body_height - 2 * shape.cortex)) <= 2 for n in marrow[1:-1])
+    # a spinous process behind the canal and the airway in front of the bodies
+    assert np.any(out[60, : int(y0 - shape.canal_radii[1]), :60] == LABEL["vertebra"])
+    airway = y0 + shape.canal_radii[1] + 2 * shape.body_radii[1] + shape.prevertebral + shape.mucosa + shape.airway_radii[1]
+    assert out[60, int(round(airway)), z] == LABEL["air"]
+    # nothing near the skin changed; redrawn voxels carry no texture
+    from scipy import ndimage
+
+    near_skin = ndimage.distance_transform_edt(labels != LABEL["outside"]) <= shape.skin_clearance
+    changed = out != labels
+    assert not np.any(changed & near_skin & (labels != LABEL["cord"]))
+    assert np.all(out_texture[changed & (labels != LABEL["cord"])] == 0.0)
+    assert labels[60, int(y0), z] == LABEL["muscle"]  # the input is not modified
+
+
+def synthetic_face():
+    """(labels, affine) of a 1 mm RAS head of muscle with two eye globes 64 mm apart (centres at
+    x = 28 / 92, y = 120, z = 100 mm) and a 2 mm skin."""
+    from scipy import ndimage
+
+    from AnonMRILib.transforms.tissue_model import LABEL
+
+    shape = (120, 160, 150)
+    x, y, z = np.mgrid[: shape[0], : shape[1], : shape[2]].astype(np.float64)
+    head = ((x - 60) / 58) ** 2 + ((y - 75) / 70) ** 2 + ((z - 75) / 74) ** 2 <= 1.0
+    labels = np.full(shape, LABEL["outside"], np.uint8)
+    labels[head] = LABEL["muscle"]
+    labels[head & (ndimage.distance_transform_edt(head) <= 2)] = LABEL["skin"]
+    for cx in (28, 92):
+        labels[(x - cx) ** 2 + (y - 120) ** 2 + (z - 100) ** 2 <= 11 ** 2] = LABEL["vitreous"]
+    return labels, np.eye(4)
+
+
+def test_nasal_cavity_is_drawn_between_the_eyes():
+    """Air on both sides of a midline septum (mucosa), turbinates (mucosa) on the lateral walls, the
+    cavity as wide as the shape says at its floor and roof, placed from the eyes; with the default
+    irregularity the septum wanders, but by no more than it says."""
+    from reface_tissue_labels import NasalCavityShape, draw_nasal_cavity, eye_centres
+
+    from AnonMRILib.transforms.tissue_model import LABEL
+
+    labels, affine = synthetic_face()
+    assert np.allclose(np.sort(eye_centres(labels, affine)[:, 0]), [28, 92], atol=0.1)
+    shape = NasalCavityShape(irregularity_mm=0.0)
+    out, _ = draw_nasal_cavity(labels, np.zeros(labels.shape, np.float32), affine, shape)
+    floor = int(100 - shape.floor_below_eyes)
+    y = int(120 + shape.aperture_before_eyes - 30)  # 30 mm behind the aperture
+    cavity = np.flatnonzero(out[:, y, floor + 3] != labels[:, y, floor + 3])
+    assert abs(len(cavity) - shape.floor_width) <= 2 and abs(cavity.mean() - 60) <= 0.5
+    assert out[60, y, floor + 3] == LABEL["mucosa"]  # the septum
+    assert out[60 + 4, y, floor + 16] == LABEL["air"] and out[60 - 4, y, floor + 16] == LABEL["air"]
+    # the inferior turbinate against each lateral wall
+    inferior = shape.turbinates[0]
+    lateral = int(round(0.5 * shape.floor_width - inferior[1] + 0.5 * (shape.roof_width - shape.floor_width) * inferior[0] / shape.height))
+    assert out[60 + lateral, y, floor + int(inferior[0])] == LABEL["mucosa"]
+    assert out[60 - lateral, y, floor + int(inferior[0])] == LABEL["mucosa"]
+    roof = np.flatnonzero(out[:, y, floor + int(shape.height) - 3] != labels[:, y, floor + int(shape.height) - 3])
+    assert len(roof) <= shape.roof_width + 2
+    assert not np.any(out[:, y, floor - 3] != labels[:, y, floor - 3])  # nothing below the floor
+    assert not np.any(out[:, : int(120 + shape.aperture_before_eyes - shape.length) - 2] !=
+                      labels[:, : int(120 + shape.aperture_before_eyes - shape.length) - 2])  # nor behind the choanae
+    wavy, _ = draw_nasal_cavity(labels, np.zeros(labels.shape, np.float32), affine)
+
+    def septum_centre(row):
+        """midpoint of the non-air gap between the two air channels nearest the midline"""
+        air = np.flatnonzero(row == LABEL["air"])
+        gaps = np.flatnonzero(np.diff(air) > 1)
+        mids = [(air[g] + air[g + 1]) / 2 for g in gaps]
+        return min(mids, key=lambda m: abs(m - 60))
+
+    septum_x = [septum_centre(wavy[:, yy, floor + 20]) for yy in range(80, 125, 5)]
+    assert abs(septum_centre(out[:, y, floor + 20]) - 60) <= 0.5
+    assert np.ptp(septum_x) > 0.5 and np.all(np.abs(np.array(septum_x) - 60) <= 1.5 + 1.0)

@@ -50,10 +50,12 @@ def test_shipped_model_renders_the_expected_class_order_for_a_t1():
     assert flat["dura"] < flat["csf"] and flat["teeth"] < flat["csf"] and flat["vitreous"] < flat["muscle"]
     assert flat["marrow"] > T1.wm and flat["fat"] > T1.wm + 0.15 * (T1.wm - T1.air)
     assert T1.csf < flat["diploe"] < flat["fat"]
+    # the drawn cervical spine: marrow brighter than disc and muscle, a disc a little darker than muscle
+    assert T1.csf < flat["disc"] < flat["muscle"] < flat["vertebra"] < T1.wm
     # every class the model uses is present in the shipped labels, the template's own brain is not
     present = np.unique(np.asarray(template.labels.array))
     for name in ("csf", "bone", "marrow", "fat", "muscle", "skin", "air", "vitreous", "lens", "optic_nerve", "cord",
-                 "teeth", "mucosa", "dura", "diploe"):
+                 "teeth", "mucosa", "dura", "diploe", "vertebra", "disc"):
         assert LABEL[name] in present, name
     assert LABEL["brain"] not in present
     assert levels.shape == (len(CLASSES),)
