@@ -4,8 +4,8 @@ T(x) supplies everything a remodeled head needs outside the brain (face, skull, 
 neck) at the input's own resolution, from a template that identifies nobody: the non-brain
 tissues of one real head (the ROBEX reference head, BSD) labelled class by class (skin, fat,
 muscle, skull tables, diploe and marrow, dura, CSF, eye globes with lens and optic nerve, sinuses
-and airways, teeth, mucosa, spinal cord; cervical vertebrae and discs drawn under its brainstem)
-and carried under MakeHuman's neutral skin (CC0), built
+and airways, teeth, mucosa, spinal cord; cervical vertebrae and discs drawn under its brainstem,
+a nasal cavity between its eyes) and carried under MakeHuman's neutral skin (CC0), built
 by ``Training/make_reface_template.py`` (see ``AnonMRILib/data/templates/ATTRIBUTION.md``). It is
 the REFACE method on its own (:mod:`AnonMRILib.pipelines.reface`) and the base that CP-GAN warps
 (the generator only moves T's tissue; it never saw T's intensities change its field: the shipped
