@@ -473,6 +473,7 @@ def draw_cervical_spine(labels: np.ndarray, texture: np.ndarray, brain: np.ndarr
         y = world[1][:, :, 0] - axis_y[z]
         sl, tex, ok = labels[:, :, z], texture[:, :, z], free[:, :, z]
         canal = _ellipse(x, y, shape.canal_radii)
+        arch_ring = _ellipse(x, y, [r + shape.lamina for r in shape.canal_radii]) & ~canal & (y < 2.0)
 
         def put(mask, name):
             mask = mask & ok
@@ -494,8 +495,7 @@ def draw_cervical_spine(labels: np.ndarray, texture: np.ndarray, brain: np.ndarr
                     put(_ellipse(x, body_y, radii), "bone")
                     if from_end >= shape.cortex:
                         put(_ellipse(x, body_y, [r - shape.cortex for r in radii]), "vertebra")
-                    ring = _ellipse(x, y, [r + shape.lamina for r in shape.canal_radii]) & ~canal & (y < 2.0)
-                    put(ring, "bone")
+                    put(arch_ring, "bone")
                     centre = upper - 0.5 * (upper - lower) - 4.0
                     if abs(h - centre) <= 0.5 * shape.spinous_height:
                         back = shape.canal_radii[1] + shape.spinous_length
@@ -512,8 +512,7 @@ def draw_cervical_spine(labels: np.ndarray, texture: np.ndarray, brain: np.ndarr
                 arch = body_y - shape.body_radii[1] + 1.0
                 put(_ellipse(x, arch, (8.0, 3.0)), "bone")
                 put(_ellipse(x, arch, (6.0, 1.5)), "vertebra")
-                ring = _ellipse(x, y, [r + shape.lamina for r in shape.canal_radii]) & ~canal & (y < 2.0)
-                put(ring, "bone")
+                put(arch_ring, "bone")
             if -16.0 <= h <= -4.0:  # dens
                 put(_ellipse(x, body_y + 2.0, (shape.dens_radius, shape.dens_radius)), "bone")
                 put(_ellipse(x, body_y + 2.0, (shape.dens_radius - shape.cortex,) * 2), "vertebra")
