@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-reference", type=Path, default=None,
                         help="write reference renderings (split 0's held-out subjects) here (.npz)")
     parser.add_argument("--brain-agreement-only", action="store_true",
-                        help="only the brain-analysis agreement (brain_agreement.json; privacy.json's entry updated)")
+                        help="only the brain-analysis agreement (brain_agreement.json; privacy.json's entry and "
+                             "goals, and report.md, updated)")
     return parser
 
 

@@ -528,7 +528,8 @@ class NasalCavityShape:
     from any head here: floor 40 mm below the eyes' centres, 46 high, 70 from the bony aperture
     (15 mm in front of the eyes' centres) back to the choanae, 26 wide at the floor narrowing to
     10 at the roof; a 2 mm septum; inferior, middle and superior turbinates along each lateral
-    wall; 1.5 mm of mucosa on every wall."""
+    wall; 1.5 mm of mucosa on every wall, 0.75 mm on the septum; the septum bowed off the midline by
+    up to 2.5 mm and ending behind in the vomer's oblique edge."""
 
     floor_below_eyes: float = 40.0
     height: float = 46.0
@@ -538,11 +539,20 @@ class NasalCavityShape:
     roof_width: float = 10.0
     septum: float = 2.0
     mucosa: float = 1.5
+    #: the septum's own mucosa (thinner than the turbinates' and the lateral walls')
+    septal_mucosa: float = 0.75
+    #: the septum bows off the midline by up to this much (mm): a smooth seeded C or S curve (most
+    #: adult septa deviate; a straight 3.5 mm plate on the midline filled the mid-sagittal slice
+    #: with a uniform grey rectangle)
+    septal_deviation: float = 2.5
+    #: the septum's posterior free edge (the vomer's) runs obliquely: at the floor it ends this much
+    #: (mm) in front of the choanae, at the roof at the choanae; air behind it joins both sides
+    vomer_setback: float = 14.0
     #: air kept between each turbinate and the septum's mucosa (the common meatus)
     meatus: float = 3.0
     vestibule: float = 15.0
     #: the roof's height at the aperture and at the choanae, as a fraction of ``height``
-    end_height: float = 0.6
+    end_height: float = 0.5
     #: the drawn walls, septum and turbinates wander by up to this much (mm) over this scale (mm)
     irregularity_mm: float = 1.5
     irregularity_scale_mm: float = 6.0
@@ -571,7 +581,10 @@ def draw_nasal_cavity(labels: np.ndarray, texture: np.ndarray, affine: np.ndarra
                       shape: NasalCavityShape = NasalCavityShape()) -> Tuple[np.ndarray, np.ndarray]:
     """(labels, texture) with a nasal cavity drawn between the eyes and the palate (1 mm
     axis-aligned RAS grid): air on both sides of a septum, three turbinates along each lateral
-    wall, mucosa lining every wall (septum and turbinates drawn as mucosa: intermediate on a T1). The source's nasal cavity, at 1.5 mm, mixes its air
+    wall, mucosa lining every wall (septum and turbinates drawn as mucosa: intermediate on a T1); the
+    septum bowed off the midline by a seeded C or S curve of up to ``septal_deviation`` and ending
+    behind in the vomer's oblique edge, so a mid-sagittal slice cuts septum and air in turn, as in a
+    real head. The source's nasal cavity, at 1.5 mm, mixes its air
     with the turbinates: the intensity rules labelled it muscle, and a remodeled head's axial and
     coronal slices through the face showed a solid grey nose. Placed from the template's own eyes
     (:func:`eye_centres`): midline between them, floor ``floor_below_eyes`` below their centres,
@@ -602,7 +615,7 @@ def draw_nasal_cavity(labels: np.ndarray, texture: np.ndarray, affine: np.ndarra
     # sagittal outline: the roof is highest in the middle (the cribriform plate) and falls to
     # ``end_height`` of it at the aperture and at the choanae
     along = np.clip((y - back) / shape.length, 0.0, 1.0)
-    roof = shape.height * (shape.end_height + (1.0 - shape.end_height) * np.sqrt(np.sin(np.pi * along)))
+    roof = shape.height * (shape.end_height + (1.0 - shape.end_height) * np.sin(np.pi * along))
     inside = (z >= 0) & (z <= roof) & (y >= back) & (y <= front)
     half = 0.5 * (shape.floor_width + (shape.roof_width - shape.floor_width) * np.clip(z / shape.height, 0, 1))
     # the vestibule: the front ``vestibule`` mm narrow to 40 % towards the nostrils
@@ -612,13 +625,25 @@ def draw_nasal_cavity(labels: np.ndarray, texture: np.ndarray, affine: np.ndarra
     cavity &= ok
     wall = cavity & ~(inside & (np.abs(x) <= half - shape.mucosa) & (z >= shape.mucosa)
                       & (z <= roof - shape.mucosa) & (y >= back + shape.mucosa) & (y <= front - shape.mucosa))
-    septum = cavity & (np.abs(x) <= 0.5 * shape.septum)
-    septal_mucosa = cavity & (np.abs(x) <= 0.5 * shape.septum + shape.mucosa) & ~septum
+    # the septum: bowed off the midline by a smooth seeded curve (a C or an S along its length,
+    # fading towards floor and roof), ending behind in the vomer's oblique free edge
+    bend = np.random.default_rng(shape.seed + 1)
+    waves, sign = bend.choice([1.0, 2.0]), bend.choice([-1.0, 1.0])
+    phase = bend.uniform(0.0, 0.5 * np.pi)
+    height_fraction = np.clip(z / shape.height, 0.0, 1.0)
+    deviation = (sign * shape.septal_deviation * np.sin(waves * np.pi * along + (waves - 1.0) * phase)
+                 * np.sin(np.pi * np.clip(0.15 + 0.7 * height_fraction, 0.0, 1.0)))
+    from_septum = x - deviation
+    septal_back = back + shape.vomer_setback * (1.0 - height_fraction)
+    septal_extent = (y >= septal_back) & (y <= front)
+    septum = cavity & septal_extent & (np.abs(from_septum) <= 0.5 * shape.septum)
+    septal_mucosa = cavity & septal_extent & (np.abs(from_septum) <= 0.5 * shape.septum + shape.septal_mucosa) & ~septum
     turbinate = np.zeros(labels.shape, bool)
     for height, half_width, half_height, start, end in shape.turbinates:
         lateral = np.abs(x) - (half - half_width)  # centred half_width inside the lateral wall
         roll = (lateral / half_width) ** 2 + ((z - height) / half_height) ** 2 <= 1.0
-        medial_gap = np.abs(x) >= 0.5 * shape.septum + shape.mucosa + shape.meatus  # the common meatus
+        # the common meatus: air kept between each turbinate and the (bowed) septum's mucosa
+        medial_gap = np.abs(from_septum) >= 0.5 * shape.septum + shape.septal_mucosa + shape.meatus
         turbinate |= cavity & roll & medial_gap & (y <= front - start) & (y >= back + end)
     labels[cavity] = LABEL["air"]
     # the septum is cartilage in front and thin bone behind, under mucosa: intermediate on a T1

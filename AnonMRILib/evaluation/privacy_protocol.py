@@ -596,7 +596,8 @@ def evaluate_brain_agreement(config: EvaluationConfig, out_dir: Path, work_dir: 
     """Only the brain-analysis agreement of :func:`evaluate`: the same population, the same
     ``tissue_scans`` scans (first scan of subjects drawn with ``config.seed``), every volume method
     of ``config.methods``; writes ``brain_agreement.json`` and, when ``privacy.json`` is there,
-    replaces its ``brain_agreement`` entry (the rest of that report is left as it was). Original
+    replaces its ``brain_agreement`` entry and the goals that read it, and rewrites ``report.md``
+    from it (the rest of that report is left as it was). Original
     labels are cached in ``work_dir`` as in :func:`evaluate`."""
     from ..datasets.population import generate_population
     from .privacy_report import summarise_tissue
@@ -629,12 +630,24 @@ def evaluate_brain_agreement(config: EvaluationConfig, out_dir: Path, work_dir: 
         logger.info(f"brain agreement {scan.scan_id}: {time.time() - started:.0f} s")
     agreement = summarise_tissue(results, methods, config.brain_mask_backend)
     write_json(out_dir / "brain_agreement.json", agreement)
-    report_path = out_dir / "privacy.json"
-    if report_path.is_file():
-        report = json.loads(report_path.read_text())
-        report["brain_agreement"] = {k: v for k, v in agreement.items() if k != "per_scan"}
-        write_json(report_path, report)
+    if (out_dir / "privacy.json").is_file():
+        replace_brain_agreement(out_dir, agreement)
     return agreement
+
+
+def replace_brain_agreement(out_dir: Path, agreement: Dict) -> Dict:
+    """``out_dir/privacy.json`` with its ``brain_agreement`` entry replaced by ``agreement`` and the
+    goals recomputed (they read the brain Dice per tissue); ``report.md`` rewritten from it. Returns
+    the updated report."""
+    from .privacy_report import evaluation_goals, markdown_report
+
+    report_path = Path(out_dir) / "privacy.json"
+    report = json.loads(report_path.read_text())
+    report["brain_agreement"] = {k: v for k, v in agreement.items() if k != "per_scan"}
+    report["goals"] = evaluation_goals(report["identification_rate"], agreement, report.get("summary"))
+    write_json(report_path, report)
+    (Path(out_dir) / "report.md").write_text(markdown_report(report))
+    return report
 
 
 def attacker_training_pool(heads: Sequence, population_config, config: EvaluationConfig, anonymizers: "Anonymizers",

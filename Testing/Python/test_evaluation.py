@@ -618,3 +618,26 @@ def test_cached_cp_gan_and_reface_outputs_are_stale_when_the_prior_changes(tmp_p
     after = {m: anonymizers.fingerprint(m) for m in before}
     assert all(after[m] != before[m] for m in before)
     assert privacy_protocol.prior_fingerprint() not in before["CP-GAN"]
+
+
+def test_a_brain_agreement_rerun_refreshes_the_goals_and_the_report(tmp_path):
+    """``--brain-agreement-only`` replaces privacy.json's agreement, recomputes the goals that read it
+    and rewrites report.md (the committed report, with its agreement lowered, as the fixture)."""
+    import copy
+    import json
+    import shutil
+    from pathlib import Path
+
+    from AnonMRILib.evaluation.privacy_protocol import replace_brain_agreement
+
+    committed = Path(__file__).resolve().parents[2] / "docs" / "evaluation"
+    shutil.copy(committed / "privacy.json", tmp_path / "privacy.json")
+    agreement = copy.deepcopy(json.loads((committed / "brain_agreement.json").read_text()))
+    agreement["methods"]["CP-GAN"]["CSF"]["dice"] = 0.5
+    report = replace_brain_agreement(tmp_path, agreement)
+    assert report["brain_agreement"]["methods"]["CP-GAN"]["CSF"]["dice"] == 0.5
+    goal = [g for g in report["goals"] if "brain Dice" in g["goal"]]
+    assert goal and "0.5000" in goal[0]["measured"] and not goal[0]["met"]
+    assert json.loads((tmp_path / "privacy.json").read_text())["goals"] == report["goals"]
+    text = (tmp_path / "report.md").read_text()
+    assert "| CP-GAN |" in text and "0.5000" in text

@@ -195,15 +195,16 @@ def synthetic_face():
 
 def test_nasal_cavity_is_drawn_between_the_eyes():
     """Air on both sides of a midline septum (mucosa), turbinates (mucosa) on the lateral walls, the
-    cavity as wide as the shape says at its floor and roof, placed from the eyes; with the default
-    irregularity the septum wanders, but by no more than it says."""
+    cavity as wide as the shape says at its floor and roof, placed from the eyes, the septum ending
+    behind in the vomer's oblique edge; with the default deviation and irregularity the septum bows
+    and wanders, but by no more than they say, and a mid-sagittal slice cuts septum and air."""
     from reface_tissue_labels import NasalCavityShape, draw_nasal_cavity, eye_centres
 
     from AnonMRILib.transforms.tissue_model import LABEL
 
     labels, affine = synthetic_face()
     assert np.allclose(np.sort(eye_centres(labels, affine)[:, 0]), [28, 92], atol=0.1)
-    shape = NasalCavityShape(irregularity_mm=0.0)
+    shape = NasalCavityShape(irregularity_mm=0.0, septal_deviation=0.0)
     out, _ = draw_nasal_cavity(labels, np.zeros(labels.shape, np.float32), affine, shape)
     floor = int(100 - shape.floor_below_eyes)
     y = int(120 + shape.aperture_before_eyes - 30)  # 30 mm behind the aperture
@@ -232,4 +233,21 @@ def test_nasal_cavity_is_drawn_between_the_eyes():
 
     septum_x = [septum_centre(wavy[:, yy, floor + 20]) for yy in range(80, 125, 5)]
     assert abs(septum_centre(out[:, y, floor + 20]) - 60) <= 0.5
-    assert np.ptp(septum_x) > 0.5 and np.all(np.abs(np.array(septum_x) - 60) <= 1.5 + 1.0)
+    default = NasalCavityShape()
+    bound = default.septal_deviation + default.irregularity_mm + 1.0
+    assert np.ptp(septum_x) > 1.0 and np.all(np.abs(np.array(septum_x) - 60) <= bound)
+    # the vomer's oblique edge: near the floor the septum ends well in front of the choanae, near
+    # the roof at them; behind it, air joins both sides
+    back = int(120 + shape.aperture_before_eyes - shape.length)
+
+    def septum_start(row):  # past the posterior wall's mucosa
+        start = back + int(np.ceil(shape.mucosa)) + 1
+        return start + int(np.argmax(row[start:] == LABEL["mucosa"]))
+
+    low, high = septum_start(out[60, :, floor + 4]), septum_start(out[60, :, floor + 20])
+    assert low - back >= shape.vomer_setback * (1 - 4 / shape.height) - 2
+    assert high - back <= shape.vomer_setback * (1 - 20 / shape.height) + 2 and low > high
+    assert out[60, back + 5, floor + 4] == LABEL["air"]
+    # a mid-sagittal slice of the default (bowed) septum cuts septum and air in turn
+    mid = wavy[60, back:int(120 + shape.aperture_before_eyes) - 8, floor + 8:floor + 35]
+    assert 0.15 < np.mean(mid == LABEL["air"]) < 0.85 and np.mean(mid == LABEL["mucosa"]) > 0.15
