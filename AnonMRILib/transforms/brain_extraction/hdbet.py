@@ -221,7 +221,8 @@ def _segment(ras: np.ndarray, bounds, origin_ras: np.ndarray, spacing_ras: np.nd
     region = np.ascontiguousarray(ras[tuple(slice(a, b) for a, b in read)], dtype=np.float32)
     zoom = [lattice.step_mm / lattice.spacing_mm for lattice in lattices]
     offset = [lattice.input_index() - a for lattice, (a, _) in zip(lattices, read)]
-    image = ndimage.affine_transform(region, zoom, offset=offset, output_shape=tuple(l.count for l in lattices),
+    image = ndimage.affine_transform(region, zoom, offset=offset,
+                                     output_shape=tuple(lattice.count for lattice in lattices),
                                      order=3, mode="nearest", prefilter=True, output=np.float32)
     # (S, A, R): the array order HD-BET's network was trained in
     image = np.ascontiguousarray(np.transpose(image, (2, 1, 0)))
