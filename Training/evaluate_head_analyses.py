@@ -88,29 +88,40 @@ def outside_brain_distance(volume, brain: np.ndarray) -> np.ndarray:
     return depth(~brain, volume.spacing)
 
 
-def gradient_ratio(original, output, brain: np.ndarray, beyond_mm: float, own_heads: bool = False) -> float:
+def gradient_ratios(original, output, brain: np.ndarray, beyond_mm: float,
+                    distance: Optional[np.ndarray] = None) -> Dict[str, float]:
     """Mean |grad| of ``output`` over that of ``original`` farther than ``beyond_mm`` from the brain
-    mask, inside the input's head for both (``own_heads`` False: a head outline that differs from the
+    mask: ``input_head``, inside the input's head for both (a head outline that differs from the
     input's counts against the output twice, its skin edge falling outside the region and the
-    input's skin band inside it being smooth tissue) or each inside its own head (True)."""
+    input's skin band inside it being smooth tissue), and ``own_heads``, each inside its own head.
+    ``distance``: :func:`outside_brain_distance` of ``brain``, when already computed."""
     from AnonMRILib.transforms.head_mask import head_mask_array
 
-    far = outside_brain_distance(original, brain) > beyond_mm
+    distance = outside_brain_distance(original, brain) if distance is None else distance
+    far = distance > beyond_mm
     region = head_mask_array(np.asarray(original.array, np.float32)) & far
-    output_region = head_mask_array(np.asarray(output.array, np.float32)) & far if own_heads else region
+    output_region = head_mask_array(np.asarray(output.array, np.float32)) & far
     before = gradient_magnitude(original.array, original.spacing)[region].mean()
-    after = gradient_magnitude(output.array, original.spacing)[output_region].mean()
-    return float(after / before)
+    after = gradient_magnitude(output.array, original.spacing)
+    return {"input_head": float(after[region].mean() / before), "own_heads": float(after[output_region].mean() / before)}
 
 
-def intensity_profile(original, output, brain: np.ndarray) -> Dict[str, List[float]]:
-    """Mean intensity in 1 mm shells outside the brain mask (shell d: distance in (d-1, d])."""
-    distance = outside_brain_distance(original, brain)
+def gradient_ratio(original, output, brain: np.ndarray, beyond_mm: float, own_heads: bool = False) -> float:
+    """One of :func:`gradient_ratios`: over each image's own head (``own_heads``) or the input's."""
+    return gradient_ratios(original, output, brain, beyond_mm)["own_heads" if own_heads else "input_head"]
+
+
+def intensity_profile(original, output, brain: np.ndarray, distance: Optional[np.ndarray] = None
+                      ) -> Dict[str, List[float]]:
+    """Mean intensity in 1 mm shells outside the brain mask (shell d: distance in (d-1, d]);
+    ``distance`` as in :func:`gradient_ratios`."""
+    distance = outside_brain_distance(original, brain) if distance is None else distance
+    before, after = np.asarray(original.array, np.float64), np.asarray(output.array, np.float64)
     rows = {"distance_mm": list(PROFILE_MM), "input": [], "output": []}
     for d in PROFILE_MM:
         shell = (distance > d - 1.0) & (distance <= d)
-        rows["input"].append(float(np.asarray(original.array, np.float64)[shell].mean()))
-        rows["output"].append(float(np.asarray(output.array, np.float64)[shell].mean()))
+        rows["input"].append(float(before[shell].mean()))
+        rows["output"].append(float(after[shell].mean()))
     return rows
 
 
@@ -125,18 +136,11 @@ def robex_mask(volume):
     return np.asarray(run_robex(image).get_fdata()) != 0
 
 
-def dice(a: np.ndarray, b: np.ndarray) -> float:
-    total = np.count_nonzero(a) + np.count_nonzero(b)
-    return 1.0 if total == 0 else float(2.0 * np.count_nonzero(a & b) / total)
-
-
 def registration_difference(original, output, brain: np.ndarray, seed: int = 0) -> Dict[str, float]:
     """Mean and largest distance (mm, template space) between where the affines of input and output
     to the DEFACE template (:func:`register_template`: Mattes MI, SimpleITK) put the input's brain
     voxels (every 50th)."""
-    from AnonMRILib.pipelines.removal.template_deface import register_template
-
-    from AnonMRILib.pipelines.removal.template_deface import DefaceConfig
+    from AnonMRILib.pipelines.removal.template_deface import DefaceConfig, register_template
 
     config = DefaceConfig(sampling_fraction=SAMPLING, iterations=ITERATIONS)
     first, second = (register_template(v, config, seed=seed) for v in (original, output))
@@ -148,14 +152,14 @@ def registration_difference(original, output, brain: np.ndarray, seed: int = 0) 
 
 
 def analyse(name: str, original, mask, methods: Sequence[str], seeds: Sequence[int], beyond_mm: float) -> Dict:
-    from AnonMRILib.evaluation.tissue_segmentation import classify_brain_tissues, tissue_agreement
+    from AnonMRILib.evaluation.tissue_segmentation import classify_brain_tissues, overlap, tissue_agreement
     from AnonMRILib.transforms.brain_mask import brain_mask as extract_brain
 
     brain = np.asarray(mask.array) != 0
+    distance = outside_brain_distance(original, brain)
     started = time.time()
-    fresh_input = extract_brain(original)
     robex_input = robex_mask(original)
-    labels_input = classify_brain_tissues(original, fresh_input)
+    labels_input = classify_brain_tissues(original, extract_brain(original))
     rows = []
     for method in methods:
         for seed in (seeds if method != "deface" else seeds[:1]):
@@ -166,14 +170,15 @@ def analyse(name: str, original, mask, methods: Sequence[str], seeds: Sequence[i
             fresh = extract_brain(output)
             agreement = tissue_agreement(labels_input, classify_brain_tissues(output, fresh))
             robex = robex_mask(output) if robex_input is not None else None
+            ratios = gradient_ratios(original, output, brain, beyond_mm, distance)
             row = {"method": method, "seed": seed, "brain_bit_exact": exact, "run_s": run_s,
-                   "gradient_ratio": gradient_ratio(original, output, brain, beyond_mm),
-                   "gradient_ratio_own_heads": gradient_ratio(original, output, brain, beyond_mm, own_heads=True),
-                   "hdbet_dice": dice(np.asarray(fresh_input.array) != 0, np.asarray(fresh.array) != 0),
-                   "robex_dice": None if robex is None else dice(robex_input, robex),
+                   "gradient_ratio": ratios["input_head"], "gradient_ratio_own_heads": ratios["own_heads"],
+                   # BRAIN of the tissue labels is the fresh mask itself: its Dice is the re-extraction's
+                   "hdbet_dice": agreement["BRAIN"]["dice"],
+                   "robex_dice": None if robex is None else overlap(robex_input, robex)["dice"],
                    "tissue_dice": {t: v["dice"] for t, v in agreement.items()},
                    "registration": registration_difference(original, output, brain),
-                   "profile": intensity_profile(original, output, brain)}
+                   "profile": intensity_profile(original, output, brain, distance)}
             rows.append(row)
             print(f"{name} {method} seed {seed}: " + json.dumps({k: v for k, v in row.items() if k != "profile"}),
                   flush=True)

@@ -82,7 +82,9 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "cpgan")
     args = parser.parse_args(argv)
 
-    name, path = args.head.split("=", 1)
+    name, _, path = args.head.partition("=")
+    if not name or not path:
+        parser.error(f"--head {args.head!r}: give NAME=PATH")
     volume = load_volume(path)
     mask = resolve_brain_mask(volume, load_volume(args.mask) if args.mask else None)
     brain = np.asarray(mask.array) != 0

@@ -441,9 +441,9 @@ def draw_cervical_spine(labels: np.ndarray, texture: np.ndarray, brain: np.ndarr
     midline = float(world[0][brain].mean())
     # the medulla is the front of the brain's lowest centimetre at the midline (behind it, the
     # cerebellum reaches lower in the template's mask): the cord's centre lies stem_depth behind it
-    low = brain[:, :, lowest: lowest + int(round(10 / spacing)) + 1] & \
-        (np.abs(world[0][:, :, lowest: lowest + int(round(10 / spacing)) + 1] - midline) <= 5.0)
-    y0 = float(world[1][:, :, lowest: lowest + int(round(10 / spacing)) + 1][low].max()) - shape.stem_depth
+    bottom = slice(lowest, lowest + int(round(10 / spacing)) + 1)
+    low = brain[:, :, bottom] & (np.abs(world[0][:, :, bottom] - midline) <= 5.0)
+    y0 = float(world[1][:, :, bottom][low].max()) - shape.stem_depth
     # posterior skin at the midline, slice by slice, smoothed along z
     band = np.abs(world[0][:, :, 0] - midline) <= 5.0
     posterior = np.full(labels.shape[2], np.nan)
@@ -636,19 +636,19 @@ def draw_nasal_cavity(labels: np.ndarray, texture: np.ndarray, affine: np.ndarra
     from_septum = x - deviation
     septal_back = back + shape.vomer_setback * (1.0 - height_fraction)
     septal_extent = (y >= septal_back) & (y <= front)
-    septum = cavity & septal_extent & (np.abs(from_septum) <= 0.5 * shape.septum)
-    septal_mucosa = cavity & septal_extent & (np.abs(from_septum) <= 0.5 * shape.septum + shape.septal_mucosa) & ~septum
+    # the septum with its mucosa: cartilage in front and thin bone behind, under mucosa, all
+    # intermediate on a T1 (drawn as bone, the mid-sagittal slice showed a black plate where a real
+    # one is grey), so one class
+    septum = cavity & septal_extent & (np.abs(from_septum) <= 0.5 * shape.septum + shape.septal_mucosa)
+    # the common meatus: air kept between each turbinate and the (bowed) septum's mucosa
+    medial_gap = np.abs(from_septum) >= 0.5 * shape.septum + shape.septal_mucosa + shape.meatus
     turbinate = np.zeros(labels.shape, bool)
     for height, half_width, half_height, start, end in shape.turbinates:
         lateral = np.abs(x) - (half - half_width)  # centred half_width inside the lateral wall
         roll = (lateral / half_width) ** 2 + ((z - height) / half_height) ** 2 <= 1.0
-        # the common meatus: air kept between each turbinate and the (bowed) septum's mucosa
-        medial_gap = np.abs(from_septum) >= 0.5 * shape.septum + shape.septal_mucosa + shape.meatus
         turbinate |= cavity & roll & medial_gap & (y <= front - start) & (y >= back + end)
     labels[cavity] = LABEL["air"]
-    # the septum is cartilage in front and thin bone behind, under mucosa: intermediate on a T1
-    # (drawn as bone, the mid-sagittal slice showed a black plate where a real one is grey)
-    labels[wall | septal_mucosa | turbinate | septum] = LABEL["mucosa"]
+    labels[wall | turbinate | septum] = LABEL["mucosa"]
     texture[cavity] = 0.0
     return labels, texture
 
