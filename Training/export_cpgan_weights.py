@@ -63,6 +63,8 @@ def load_run_generator(run: Path, cache: Optional[Path] = None):
     if cache is not None and (cache / "index.json").is_file():
         index = json.loads((cache / "index.json").read_text(encoding="utf-8"))
         card["privacy_transform"] = index["privacy"]
+        if "prior_fat_level" in index:
+            card["prior_fat_level"] = index["prior_fat_level"]
         card["data"] = {"heads": index["heads"], "held_out_heads": index["held_out_heads"],
                         "population": index["population"], "scans": len(index["scans"]),
                         "subjects": len({(e["head"], e["subject"]) for e in index["scans"]}),

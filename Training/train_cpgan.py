@@ -225,6 +225,11 @@ def build_cache(config: TrainConfig, cache_dir: Path, log=print) -> Dict[str, An
              "privacy": asdict(transform_config), "heads": [asdict(s) for s in specs],
              "held_out_heads": list(config.held_out_heads), "working_spacing_mm": config.working_spacing_mm,
              "scans": entries}
+    if model_config.uses_prior:
+        from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig
+
+        # the priors' rendering, which the generator learns on (remodel's generator_view reads it)
+        index["prior_fat_level"] = AnatomicalPriorConfig().fat_level
     (cache_dir / "index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
     return index
 
@@ -563,6 +568,7 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
                 "final": last,
             },
             "privacy_transform": dataset.index["privacy"],
+            **({"prior_fat_level": dataset.index["prior_fat_level"]} if "prior_fat_level" in dataset.index else {}),
             "data": {"heads": dataset.index["heads"], "held_out_heads": dataset.index["held_out_heads"],
                      "population": dataset.index["population"], "scans": len(dataset),
                      "subjects": len({(e["head"], e["subject"]) for e in dataset.index["scans"]}),

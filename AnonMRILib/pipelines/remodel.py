@@ -174,6 +174,24 @@ def warp_prior(prior: Volume, displacement_model: np.ndarray, transform, volume:
     return compose_preserving(volume, volume.with_array(head), transform.brain_mask)
 
 
+def generator_view(card: Dict[str, Any], prior_config=None):
+    """The rendering of the anatomical prior that the generator's weights were trained on, when it
+    differs from ``prior_config``'s (else None): the model card's ``prior_fat_level`` (weights
+    trained before the fat level was calibrated have none: the template's own, measured level).
+    The generator's displacement is computed from that rendering, and then warps the prior drawn
+    as configured, so recalibrating a class level changes the output's intensities, not where the
+    generator moves the face."""
+    from dataclasses import replace
+
+    from ..transforms.anatomical_prior import AnatomicalPriorConfig
+
+    config = prior_config or AnatomicalPriorConfig()
+    trained = card.get("prior_fat_level")
+    if trained == config.fat_level:
+        return None
+    return replace(config, fat_level=None if trained is None else float(trained))
+
+
 def prior_output(generator, generated, prior: Optional[Volume], prior_model, transform, volume: Volume,
                  noise=None) -> Volume:
     """The generator's result on the input grid, brain voxels copied: G's image restored outside
@@ -250,10 +268,14 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
     if generator.config.uses_prior:
         start = time.perf_counter()
         report(progress, 0.5, "placing the anatomical prior")
-        # T without its noise (the generator sees it smooth); the noise is added after the warp
-        prior, noise = prior_from_transform(volume, transform, config=prior_config,
-                                            progress=sub_progress(progress, 0.5, 0.7), seed=seed, defer_noise=True)
-        prior_model = transform.normalization.apply(transform.grid.to_model(prior)).astype(np.float32)
+        # T without its noise (the generator sees it smooth); the noise is added after the warp. The
+        # generator sees T rendered as in its training (generator_view), the output draws T as configured
+        view = generator_view(card, prior_config)
+        prior, noise, *seen = prior_from_transform(volume, transform, config=prior_config,
+                                                   progress=sub_progress(progress, 0.5, 0.7), seed=seed,
+                                                   defer_noise=True, view=view)
+        prior_model = transform.normalization.apply(transform.grid.to_model(seen[0] if seen else prior)
+                                                    ).astype(np.float32)
         timings["anatomical_prior"] = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -41,7 +41,8 @@ face, skull or scalp voxel. Steps (all in RAS mm):
    scan.);
 5. **rendering** (:meth:`TemplateHead.render`, :mod:`AnonMRILib.transforms.tissue_model`): every
    class at its level on the patient's own tissue scale (air, CSF, GM, WM of b*x; above WM by the
-   ratio to WM, stretched by ``bright_stretch``: the source's scalp and marrow are dim for a T1),
+   ratio to WM, stretched by ``bright_stretch``: the source's scalp and marrow are dim for a T1;
+   fat at ``fat_level``),
    plus the source's within-class texture, times the skin occupancy (the label map's head
    smoothed by ``skin_smoothing_mm``); integrated along any axis where the input's voxels are
    thicker than the template's (:func:`_antialias_for`: thick slices are a box average over the
@@ -124,6 +125,13 @@ class AnatomicalPriorConfig:
     texture: bool = True
     #: tissue-scale values above WM (fat, marrow) drawn at 3 + stretch * (s - 3)
     bright_stretch: float = 2.0
+    #: fat's level on the tissue scale, before ``bright_stretch`` (None = the source head's: 3.19,
+    #: the median of its 1.5 mm fat voxels, which mix the thin scalp and facial fat layers with the
+    #: skin, muscle and bone around them). 3.35 draws fat at 3.7, 1.7 x WM above air: the brightest
+    #: 5 % of the non-brain head of the single-subject T1s here lie at 3.83-3.93, the source's level
+    #: drew them at 3.38-3.55, and the head outside the brain of sub-01 had 0.76 of its gradient
+    #: (0.87 at 3.35; ``Training/evaluate_head_analyses.py``)
+    fat_level: Optional[float] = 3.35
     #: add seeded noise up to the patient's noise level (measured in its white matter)
     noise: bool = True
     #: brain-edge refinement: demons on the brains' signed distances (clipped at
@@ -152,6 +160,8 @@ class AnatomicalPriorConfig:
         if min(self.registration_spacing_mm, self.distance_clip_mm, self.demons_smoothing_mm,
                min(self.demons_spacings_mm)) <= 0:
             raise InputError("the anatomical-prior spacings and distances must be positive")
+        if self.fat_level is not None and not (np.isfinite(self.fat_level) and self.fat_level > 0):
+            raise InputError(f"the fat level must be a positive tissue-scale value, got {self.fat_level!r}")
         if self.slice_thickness_mm is not None and not (np.isfinite(self.slice_thickness_mm)
                                                         and self.slice_thickness_mm > 0):
             raise InputError(f"the slice thickness must be a positive number of mm, got {self.slice_thickness_mm!r}")
@@ -200,11 +210,25 @@ class TemplateHead:
         gain = float(brain_median - background) / max(self.source_brain_median - source.air, 1e-6)
         return source.scaled(gain, float(background) - gain * source.air)
 
+    def classes_for(self, config: "AnatomicalPriorConfig") -> TissueClasses:
+        """The per-class levels the rendering uses: the shipped ones, fat at ``config.fat_level``."""
+        if config.fat_level is None:
+            return self.classes
+        levels = self.classes.levels.copy()
+        levels[LABEL["fat"]] = np.float32(config.fat_level)
+        return TissueClasses(levels, self.classes.texture_limit)
+
     def render(self, levels: TissueLevels, config: "AnatomicalPriorConfig") -> np.ndarray:
         """float32 on the labels' grid, ``levels``' units *above air* (0 = air): every class drawn
         at its level on the patient's tissue scale plus the source's texture
         (:func:`render_tissue`), times the skin occupancy (:meth:`skin_occupancy`: smooth at any
         resolution, and as sharp as an MR edge)."""
+        return self.render_levels(levels, config, [config])[0]
+
+    def render_levels(self, levels: TissueLevels, config: "AnatomicalPriorConfig",
+                      level_configs: Sequence["AnatomicalPriorConfig"]) -> List[np.ndarray]:
+        """:meth:`render` once per entry of ``level_configs``, whose class levels (``fat_level``,
+        ``bright_stretch``) are read; the layers, texture and skin are ``config``'s and computed once."""
         from scipy import ndimage
 
         from .model_grid import resample_array
@@ -217,17 +241,23 @@ class TemplateHead:
         if config.texture:
             texture = resample_array(np.asarray(self.texture.array, np.float32) / np.float32(self.texture_scale),
                                      self.texture.affine, self.labels.shape, self.labels.affine, antialias=False)
-        values = render_tissue(labels, texture, self.classes, levels, config.bright_stretch) - np.float32(levels.air)
         occupancy = self.skin_occupancy(config.skin_smoothing_mm)
+        inner = None
         if config.skin_layer_mm > 0:
-            # the outer skin_layer_mm is one smooth layer at the skin's level, whatever lies under it
-            skin = float(render_tissue(np.array([LABEL["skin"]], np.uint8), None, self.classes, levels,
-                                       config.bright_stretch)[0]) - float(levels.air)
             inner = np.clip((surface_depth - config.skin_layer_mm) / max(config.skin_layer_mm, 1e-6), 0.0, 1.0)
             inner = ndimage.gaussian_filter(inner.astype(np.float32), 1.0 / spacing)
-            values = inner * values + (1.0 - inner) * np.float32(skin)
-        values *= occupancy
-        return values
+        out = []
+        for level_config in level_configs:
+            values = render_tissue(labels, texture, self.classes_for(level_config), levels,
+                                   level_config.bright_stretch) - np.float32(levels.air)
+            if inner is not None:
+                # the outer skin_layer_mm is one smooth layer at the skin's level, whatever lies under it
+                skin = float(render_tissue(np.array([LABEL["skin"]], np.uint8), None, self.classes, levels,
+                                           level_config.bright_stretch)[0]) - float(levels.air)
+                values = inner * values + (1.0 - inner) * np.float32(skin)
+            values *= occupancy
+            out.append(values)
+        return out
 
 
 # kept for callers of the earlier name
@@ -393,7 +423,7 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
                            config: Optional[AnatomicalPriorConfig] = None,
                            progress: Optional[ProgressCallback] = None, levels: Optional[TissueLevels] = None,
                            noise_sigma: float = 0.0, seed: int = 0, brain: Optional[Volume] = None,
-                           defer_noise: bool = False):
+                           defer_noise: bool = False, view: Optional[AnatomicalPriorConfig] = None):
     """T(x): the tissue model placed on the patient from b(x) and c(x) and rendered in its
     contrast; float32 Volume on their grid.
 
@@ -404,7 +434,11 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
     (its units; 0 = none added); ``seed``: the noise's seed; ``brain``: b*x (the patient's
     intensities, read only inside b(x)) for the rim that continues the brain's own edge (None = no
     rim). Nothing else of the patient is used (see the module docstring). ``defer_noise``: return
-    (T(x) without its noise, the :class:`PriorNoise` still to add) instead of T(x).
+    (T(x) without its noise, the :class:`PriorNoise` still to add) instead of T(x). ``view``:
+    a second rendering (its class levels -- ``fat_level``, ``bright_stretch`` -- are read; the
+    placement, layers, texture and skin are ``config``'s) appended to what is returned,
+    noise-free: what CP-GAN's generator sees when its weights were trained on another rendering
+    of the same template.
     """
     import SimpleITK as sitk
 
@@ -424,11 +458,7 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
 
     chain, fixed, hull_distance, affine = _placement(brain_mask, convex_hull, template, config, progress)
 
-    report(progress, 0.6, "anatomical prior: rendering the tissue model")
-    rendered = template.render(levels, config)
-    rendered = _antialias_for(rendered, template.labels, brain_mask, config.slice_thickness_mm)
-
-    report(progress, 0.7, "anatomical prior: resampling the tissue model")
+    report(progress, 0.6, "anatomical prior: resampling the tissue model")
     # smooth weights on the registration grid: the template's inferior coverage and the fade to air
     covered = sitk.GetArrayFromImage(sitk.Resample(_to_sitk(*_inferior_coverage(template.labels)), fixed, chain,
                                                    sitk.sitkLinear, 0.0, sitk.sitkFloat32)).transpose(2, 1, 0)
@@ -438,32 +468,49 @@ def place_anatomical_prior(brain_mask: Volume, convex_hull: Volume, brain_median
     region = _bounding_box(fade > 0, affine, brain_mask)
     box_affine = brain_mask.affine @ _translation([a for a, _ in region])
     reference = _to_sitk(np.zeros(tuple(b - a for a, b in region), np.float32), box_affine)
-    warped = sitk.Resample(_to_sitk(rendered, template.labels.affine), reference, chain, sitk.sitkBSpline, 0.0,
-                           sitk.sitkFloat32)
-    del rendered
     weights = [sitk.Resample(_to_sitk(w, affine), reference, sitk.Transform(), sitk.sitkLinear, 0.0, sitk.sitkFloat32)
                for w in (template_weight, fade)]
     box = tuple(slice(a, b) for a, b in region)
     hull_box = np.asarray(convex_hull.array)[box]
     soft_hull = sitk.SmoothingRecursiveGaussian(_to_sitk(hull_box != 0, box_affine), 1.0)
-
-    report(progress, 0.9, "anatomical prior: intensities, edges and noise")
-    arrays = [sitk.GetArrayFromImage(image).transpose(2, 1, 0) for image in [warped] + weights + [soft_hull]]
-    arrays[0] = extrude_inferiorly(arrays[0], arrays[1] > 0.0, box_affine, config.neck_source_mm)
-    values = _compose(*arrays, background=background)
+    weights = [sitk.GetArrayFromImage(image).transpose(2, 1, 0) for image in weights + [soft_hull]]
     inside = np.asarray(brain_mask.array)[box] != 0
-    if brain is not None and config.rim_mm > 0:
-        values = continue_brain_edge(values, np.asarray(brain.array)[box], inside, brain_mask.spacing, config)
+
+    def placed(rendered: np.ndarray) -> np.ndarray:
+        """A rendering of the tissue model carried by this placement (steps 5-8 of the module
+        docstring), on the head box."""
+        rendered = _antialias_for(rendered, template.labels, brain_mask, config.slice_thickness_mm)
+        warped = sitk.Resample(_to_sitk(rendered, template.labels.affine), reference, chain, sitk.sitkBSpline, 0.0,
+                               sitk.sitkFloat32)
+        del rendered
+        head = extrude_inferiorly(sitk.GetArrayFromImage(warped).transpose(2, 1, 0), weights[0] > 0.0, box_affine,
+                                  config.neck_source_mm)
+        values = _compose(head, *weights, background=background)
+        if brain is not None and config.rim_mm > 0:
+            values = continue_brain_edge(values, np.asarray(brain.array)[box], inside, brain_mask.spacing, config)
+        return values
+
+    def on_grid(values: np.ndarray) -> np.ndarray:
+        out = np.full(brain_mask.shape, np.float32(background), np.float32)
+        out[box] = values
+        return out
+
+    report(progress, 0.8, "anatomical prior: rendering the tissue model")
+    first, *others = template.render_levels(levels, config, [config] + ([] if view is None else [view]))
+    prior = on_grid(placed(first))
+    del first
+    seen = tuple(brain_mask.with_array(on_grid(placed(rendering))) for rendering in others)
+    report(progress, 0.9, "anatomical prior: noise")
     extra = 0.0
     if config.noise and noise_sigma > 0:
         own = template.noise_fraction * max(levels.wm - levels.csf, 0.0)
         extra = float(np.sqrt(max(noise_sigma ** 2 - own ** 2, 0.0)))
     noise = PriorNoise(box, extra, float(background), float(levels.csf), int(seed))
-    prior = np.full(brain_mask.shape, np.float32(background), np.float32)
-    prior[box] = values
     report(progress, 1.0, "anatomical prior placed")
     if defer_noise:
-        return brain_mask.with_array(prior), noise
+        return (brain_mask.with_array(prior), noise, *seen)
+    if seen:
+        return (brain_mask.with_array(noise.apply(prior)), *seen)
     return brain_mask.with_array(noise.apply(prior))
 
 
@@ -720,11 +767,12 @@ def _compose(prior: np.ndarray, template_weight: np.ndarray, fade: np.ndarray, s
 
 
 def prior_from_transform(volume: Volume, transform, config: Optional[AnatomicalPriorConfig] = None,
-                         progress: Optional[ProgressCallback] = None, seed: int = 0, defer_noise: bool = False):
+                         progress: Optional[ProgressCallback] = None, seed: int = 0, defer_noise: bool = False,
+                         view: Optional[AnatomicalPriorConfig] = None):
     """T(x) of ``volume`` from its :class:`~AnonMRILib.transforms.privacy.PrivacyTransform`: the
     brain mask and hull (input grid), the brain's tissue levels and noise level (both from b*x
-    alone) and the air level (``normalization.offset``); ``seed`` seeds the noise; ``defer_noise``:
-    see :func:`place_anatomical_prior`."""
+    alone) and the air level (``normalization.offset``); ``seed`` seeds the noise; ``defer_noise``
+    and ``view``: see :func:`place_anatomical_prior`."""
     from .tissue_model import brain_tissue_levels, white_matter_noise
 
     brain = np.asarray(transform.brain_mask.array) != 0
@@ -734,4 +782,4 @@ def prior_from_transform(volume: Volume, transform, config: Optional[AnatomicalP
     sigma = white_matter_noise(values, brain, levels, volume.spacing)  # reads only brain voxels
     return place_anatomical_prior(transform.brain_mask, transform.convex_hull, float(np.median(values[brain])),
                                   background=background, config=config, progress=progress, levels=levels,
-                                  noise_sigma=sigma, seed=seed, brain=volume, defer_noise=defer_noise)
+                                  noise_sigma=sigma, seed=seed, brain=volume, defer_noise=defer_noise, view=view)

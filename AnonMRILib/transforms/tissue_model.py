@@ -12,9 +12,10 @@ from the patient's own brain, which is part of gamma(x):
 2. **the tissue scale** s (:func:`to_tissue_scale`): a piecewise-linear axis fixed by those levels,
    air = 0, CSF = 1, GM = 2, WM = 3, and above WM by the ratio to WM (s = 3 + (I - WM) / (WM - air):
    fat and marrow are about k x WM in a T1, k measured on the source head). Each class c has a
-   fixed level s_c on that scale, measured once on the source head (the median of its voxels), so
-   the sequence's contrast comes from the patient's brain alone: e.g. fat at s = 3.3 is 1.3 x WM
-   above air in any T1;
+   fixed level s_c on that scale, measured once on the source head (the median of its voxels;
+   fat's is set by the prior's ``fat_level``: the source's 1.5 mm fat voxels read too dim), so
+   the sequence's contrast comes from the patient's brain alone: e.g. fat, drawn at s = 3.7 (its
+   level 3.35 stretched by the prior's ``bright_stretch``), is 1.7 x WM above air in any T1;
 3. **per-class rendering** (:func:`render_tissue`): I(x) = from_tissue_scale(s_L(x) + t(x)), L the
    label, t the source head's own within-class texture on the tissue scale (clipped per class, so
    every boundary is the label map's, sharp at 1 mm);

@@ -334,3 +334,34 @@ def test_warp_prior_moves_the_prior_by_the_displacement_in_mm(sample):
     # no displacement: T itself, outside the brain
     still = warp_prior(prior, np.zeros_like(displacement), transform, head.with_array(ramp.astype(np.float32)))
     assert np.array_equal(still.array, ramp)
+
+
+def test_the_generator_sees_the_prior_rendered_as_in_its_training(sample, warp_weights, monkeypatch):
+    """Weights whose card records no ``prior_fat_level`` were trained on the template's own fat level:
+    the generator is given that rendering whatever fat level the output is drawn with, so a
+    recalibrated level changes the output's intensities, not where the generator moves the face."""
+    from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig, prior_from_transform
+    from AnonMRILib.transforms.privacy import PrivacyTransformConfig, privacy_transform
+
+    seen = []
+    run = remodel_module._run_generator
+
+    def spy(generator, gamma, seed, device, progress, prior=None):
+        seen.append(np.array(prior))
+        return run(generator, gamma, seed, device, progress, prior=prior)
+
+    monkeypatch.setattr(remodel_module, "_run_generator", spy)
+    head, mask = sample
+    outputs = [remodel_face(head, mask, weights=warp_weights, device="cpu", seed=0,
+                            prior_config=AnatomicalPriorConfig(fat_level=level)) for level in (3.35, 3.8)]
+    assert np.array_equal(seen[0], seen[1])
+    assert not np.array_equal(outputs[0].array, outputs[1].array)
+    transform = privacy_transform(head, mask, PrivacyTransformConfig(size=32, rotations=8), seed=0)
+    # the view is exactly the template's own rendering, placed the same way
+    own = prior_from_transform(head, transform, config=AnatomicalPriorConfig(fat_level=None), defer_noise=True)[0]
+    assert np.array_equal(seen[0], transform.normalization.apply(transform.grid.to_model(own)).astype(np.float32))
+    # a card that records the configured level needs no second rendering; another level gets its own
+    assert remodel_module.generator_view({"prior_fat_level": 3.35}) is None
+    assert remodel_module.generator_view({}).fat_level is None
+    other = remodel_module.generator_view({"prior_fat_level": 3.0}, AnatomicalPriorConfig(fat_level=None))
+    assert other.fat_level == 3.0
