@@ -64,7 +64,9 @@ def load_run_generator(run: Path, cache: Optional[Path] = None):
         index = json.loads((cache / "index.json").read_text(encoding="utf-8"))
         card["privacy_transform"] = index["privacy"]
         if "prior_fat_level" in index:
-            card["prior_fat_level"] = index["prior_fat_level"]
+            from AnonMRILib.transforms.anatomical_prior import prior_rendering
+
+            card.update(prior_rendering(index))
         card["data"] = {"heads": index["heads"], "held_out_heads": index["held_out_heads"],
                         "population": index["population"], "scans": len(index["scans"]),
                         "subjects": len({(e["head"], e["subject"]) for e in index["scans"]}),

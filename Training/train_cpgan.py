@@ -177,8 +177,38 @@ def model_grid_prior(volume, transform) -> np.ndarray:
     return transform.normalization.apply(transform.grid.to_model(prior)).astype(np.float32)
 
 
+#: the record, in a cache folder, of the rendering its priors were drawn with (written before the first scan)
+RENDERING_FILE = "prior_rendering.json"
+
+
+def claim_cache_rendering(cache_dir: Path) -> Dict[str, Any]:
+    """Today's prior rendering (:func:`~AnonMRILib.transforms.anatomical_prior.prior_rendering`),
+    recorded in ``cache_dir``; SystemExit when the folder already holds priors drawn with another
+    (its record, its index, or scans from before either existed): resuming would mix two renderings
+    under one card."""
+    from AnonMRILib.transforms.anatomical_prior import prior_rendering
+
+    current = prior_rendering()
+    marker = cache_dir / RENDERING_FILE
+    index = cache_dir / "index.json"
+    if marker.is_file():
+        recorded = prior_rendering(json.loads(marker.read_text(encoding="utf-8")))
+    elif index.is_file():
+        recorded = prior_rendering(json.loads(index.read_text(encoding="utf-8")))
+    elif any(cache_dir.glob("*.safetensors")):
+        recorded = prior_rendering({})
+    else:
+        recorded = current
+    if recorded != current:
+        raise SystemExit(f"the cache {cache_dir} holds priors rendered with {recorded}, not today's {current}: "
+                         "delete it or give another --cache folder to rebuild it")
+    marker.write_text(json.dumps(current, indent=1), encoding="utf-8")
+    return current
+
+
 def build_cache(config: TrainConfig, cache_dir: Path, log=print) -> Dict[str, Any]:
-    """Generate the population and store (gamma, x[, T]) per scan; skips scans already cached."""
+    """Generate the population and store (gamma, x[, T]) per scan; skips scans already cached (and
+    refuses a folder whose priors were rendered otherwise: :func:`claim_cache_rendering`)."""
     from safetensors.torch import save_file
 
     from AnonMRILib.datasets.population import PopulationConfig, generate_subject_scans
@@ -191,6 +221,7 @@ def build_cache(config: TrainConfig, cache_dir: Path, log=print) -> Dict[str, An
     if not specs:
         raise SystemExit("no training heads: every head is held out")
     cache_dir.mkdir(parents=True, exist_ok=True)
+    rendering = claim_cache_rendering(cache_dir) if model_config.uses_prior else None
     heads = load_heads(specs, config.working_spacing_mm)
     transform_config = privacy_config(config, model_config.size)
     entries = []
@@ -225,11 +256,8 @@ def build_cache(config: TrainConfig, cache_dir: Path, log=print) -> Dict[str, An
              "privacy": asdict(transform_config), "heads": [asdict(s) for s in specs],
              "held_out_heads": list(config.held_out_heads), "working_spacing_mm": config.working_spacing_mm,
              "scans": entries}
-    if model_config.uses_prior:
-        from AnonMRILib.transforms.anatomical_prior import AnatomicalPriorConfig
-
-        # the priors' rendering, which the generator learns on (remodel's generator_view reads it)
-        index["prior_fat_level"] = AnatomicalPriorConfig().fat_level
+    if rendering is not None:
+        index.update(rendering)  # the priors' rendering, which the generator learns on
     (cache_dir / "index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
     return index
 
@@ -556,6 +584,8 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
                         optimizer_d, rng, config)
         if renderer is not None:
             renderer.render(ema, out_dir / "samples" / f"step_{step:06d}.png")
+        from AnonMRILib.transforms.anatomical_prior import prior_rendering
+
         card = {
             "training": {
                 "steps": step, "training_seconds": round(elapsed, 1), "batch_size_per_process": config.batch_size,
@@ -568,7 +598,7 @@ def train(config: TrainConfig, out_dir: Path, cache_dir: Path, device_name: str 
                 "final": last,
             },
             "privacy_transform": dataset.index["privacy"],
-            **({"prior_fat_level": dataset.index["prior_fat_level"]} if "prior_fat_level" in dataset.index else {}),
+            **(prior_rendering(dataset.index) if "prior_fat_level" in dataset.index else {}),
             "data": {"heads": dataset.index["heads"], "held_out_heads": dataset.index["held_out_heads"],
                      "population": dataset.index["population"], "scans": len(dataset),
                      "subjects": len({(e["head"], e["subject"]) for e in dataset.index["scans"]}),

@@ -174,22 +174,27 @@ def warp_prior(prior: Volume, displacement_model: np.ndarray, transform, volume:
     return compose_preserving(volume, volume.with_array(head), transform.brain_mask)
 
 
-def generator_view(card: Dict[str, Any], prior_config=None):
+def generator_view(card: Dict[str, Any], prior_config=None, target: Optional[Volume] = None):
     """The rendering of the anatomical prior that the generator's weights were trained on, when it
-    differs from ``prior_config``'s (else None): the model card's ``prior_fat_level`` (weights
-    trained before the fat level was calibrated have none: the template's own, measured level).
-    The generator's displacement is computed from that rendering, and then warps the prior drawn
-    as configured, so recalibrating a class level changes the output's intensities, not where the
-    generator moves the face."""
+    differs from the one ``prior_config`` draws on ``target`` (the input's grid; else None): the
+    model card's ``prior_fat_level``, ``prior_bright_stretch`` and ``prior_thick_slice_bright_stretch``
+    (weights trained before these were recorded have none: the template's own fat level and a
+    stretch of 2.0 for every grid, the only rendering there was). The generator's displacement is
+    computed from that rendering, and then warps the prior drawn as configured, so recalibrating a
+    class level changes the output's intensities, not where the generator moves the face."""
     from dataclasses import replace
 
-    from ..transforms.anatomical_prior import AnatomicalPriorConfig
+    from ..transforms.anatomical_prior import AnatomicalPriorConfig, prior_rendering
 
     config = prior_config or AnatomicalPriorConfig()
-    trained = card.get("prior_fat_level")
-    if trained == config.fat_level:
+    record = prior_rendering(card)
+    trained = replace(config, fat_level=record["prior_fat_level"], bright_stretch=record["prior_bright_stretch"],
+                      thick_slice_bright_stretch=record["prior_thick_slice_bright_stretch"])
+    if target is not None:
+        config, trained = config.rendering_for(target), trained.rendering_for(target)
+    if (trained.fat_level, trained.bright_stretch) == (config.fat_level, config.bright_stretch):
         return None
-    return replace(config, fat_level=None if trained is None else float(trained))
+    return trained
 
 
 def prior_output(generator, generated, prior: Optional[Volume], prior_model, transform, volume: Volume,
@@ -270,7 +275,7 @@ def remodel_face_with_details(volume: Volume, brain_mask: Optional[Volume] = Non
         report(progress, 0.5, "placing the anatomical prior")
         # T without its noise (the generator sees it smooth); the noise is added after the warp. The
         # generator sees T rendered as in its training (generator_view), the output draws T as configured
-        view = generator_view(card, prior_config)
+        view = generator_view(card, prior_config, volume)
         prior, noise, *seen = prior_from_transform(volume, transform, config=prior_config,
                                                    progress=sub_progress(progress, 0.5, 0.7), seed=seed,
                                                    defer_noise=True, view=view)

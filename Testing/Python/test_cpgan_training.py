@@ -17,6 +17,7 @@ sys.path.insert(0, str(REPO / "Training"))
 import train_cpgan  # noqa: E402
 
 from AnonMRILib.models.cpgan_weights import load_generator  # noqa: E402
+from AnonMRILib.transforms.anatomical_prior import prior_rendering  # noqa: E402
 from AnonMRILib.sample_data import sample_brain_mask_path, sample_head_path  # noqa: E402
 
 TINY_MODEL = {"size": 32, "finest_channels": 4, "coarsest_channels": 8}
@@ -32,6 +33,30 @@ def tiny_config(**overrides) -> train_cpgan.TrainConfig:
         checkpoint_every=2, sample_every=0, threads=1, seed=0)
     values.update(overrides)
     return train_cpgan.TrainConfig(**values)
+
+
+def test_a_cache_drawn_with_another_prior_rendering_is_not_resumed(tmp_path):
+    """The cache records its priors' rendering before the first scan; resuming it with another (a
+    recalibrated fat level, a cache from before the record) stops with a clear message instead of
+    mixing two renderings under one model card."""
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    current = train_cpgan.claim_cache_rendering(fresh)
+    assert current == prior_rendering()
+    assert json.loads((fresh / train_cpgan.RENDERING_FILE).read_text(encoding="utf-8")) == current
+    assert train_cpgan.claim_cache_rendering(fresh) == current  # the same rendering resumes
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "scan.safetensors").write_bytes(b"")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "index.json").write_text(json.dumps({**current, "prior_fat_level": 3.0}), encoding="utf-8")
+    for folder in (legacy, other):
+        with pytest.raises(SystemExit, match="rendered with"):
+            train_cpgan.claim_cache_rendering(folder)
+        assert not (folder / train_cpgan.RENDERING_FILE).exists()
+    assert prior_rendering({}) == {"prior_fat_level": None, "prior_bright_stretch": 2.0,
+                                   "prior_thick_slice_bright_stretch": 2.0}
 
 
 def free_port() -> int:
@@ -176,5 +201,7 @@ def test_prior_conditioned_training_caches_the_prior_and_trains(tmp_path, variat
     train_cpgan.train(config, tmp_path / "run", cache_dir, device_name="cpu")
     generator, card = load_generator(tmp_path / "run" / "generator.safetensors")
     assert generator.config.prior == "average_head" and generator.config.prior_variation == variation
+    rendering = prior_rendering()  # what remodel's generator_view reads back
+    assert {key: card[key] for key in rendering} == rendering
     last = generator.blocks[-1].to_image.conv.weight.detach()
     assert float(last.abs().sum()) > 0

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from AnonMRILib.cli.main import main  # noqa: E402
 from AnonMRILib.errors import WeightsError  # noqa: E402
-from AnonMRILib.io import load_volume  # noqa: E402
+from AnonMRILib.io import Volume, load_volume  # noqa: E402
 from AnonMRILib.models.cpgan import CPGANConfig, CPGANGenerator  # noqa: E402
 from AnonMRILib.models.cpgan_weights import DEFAULT_WEIGHTS, SHIPPED_WEIGHTS, save_generator  # noqa: E402
 
@@ -365,3 +365,14 @@ def test_the_generator_sees_the_prior_rendered_as_in_its_training(sample, warp_w
     assert remodel_module.generator_view({}).fat_level is None
     other = remodel_module.generator_view({"prior_fat_level": 3.0}, AnatomicalPriorConfig(fat_level=None))
     assert other.fat_level == 3.0
+    # thick slices draw the bright tissue with their own stretch; the generator still sees its training's
+    thin = Volume(np.zeros((4, 4, 4), np.float32), np.eye(4))
+    thick = Volume(np.zeros((4, 4, 4), np.float32), np.diag([0.78, 0.78, 6.5, 1.0]))
+    card = {"prior_fat_level": 3.35}
+    assert remodel_module.generator_view(card, None, thin) is None
+    seen_thick = remodel_module.generator_view(card, None, thick)
+    assert (seen_thick.fat_level, seen_thick.bright_stretch) == (3.35, 2.0)
+    assert remodel_module.generator_view({**card, "prior_thick_slice_bright_stretch": 3.0}, None, thick) is None
+    recorded = {**card, "prior_bright_stretch": 2.5}
+    assert remodel_module.generator_view(recorded, None, thin).bright_stretch == 2.5
+    assert remodel_module.generator_view(recorded, None, thick).bright_stretch == 2.5
