@@ -125,8 +125,8 @@ class AnatomicalPriorConfig:
     subcutaneous_mm: float = 3.0
     #: draw the source head's within-class texture (False: flat classes)
     texture: bool = True
-    #: tissue-scale values above WM (fat, marrow) drawn at 3 + stretch * (s - 3), in a 3-D
-    #: acquisition (a gradient echo: MPRAGE, SPGR, TFE)
+    #: tissue-scale values above WM (fat, marrow) drawn at 3 + stretch * (s - 3) (on a grid without
+    #: thick slices)
     bright_stretch: float = 2.0
     #: the same on thick slices (:meth:`rendering_for`: at least ``thick_slice_mm`` thick and more
     #: than 1.5 x the in-plane spacing). A slab averages the template's thin bright layers (3 mm of
@@ -192,7 +192,7 @@ class AnatomicalPriorConfig:
         return bool(thickness >= self.thick_slice_mm)
 
     def rendering_for(self, target: Volume) -> "AnatomicalPriorConfig":
-        """This config with the bright stretch of ``target``'s acquisition: ``thick_slice_bright_stretch``
+        """This config with the bright stretch for ``target``'s grid: ``thick_slice_bright_stretch``
         on thick slices (:meth:`is_thick_sliced`), else unchanged. The input's grid is all it reads."""
         from dataclasses import replace
 
