@@ -29,7 +29,7 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or messages")
 
 
 def add_plausibility_argument(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from .common import add_input_argument, add_series_uid_argument, load_volume
+from .common import add_input_argument, add_quiet_argument, add_series_uid_argument, load_volume
 
 
 def add_parser(subparsers) -> None:
@@ -12,6 +12,7 @@ def add_parser(subparsers) -> None:
     add_input_argument(parser)
     add_series_uid_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_quiet_argument(parser)  # accepted as by every command; the summary is what info prints
     parser.set_defaults(func=run)
 
 

@@ -8,7 +8,7 @@ labelled row of the six; ``--azimuth``/``--elevation`` turn the viewer (degrees;
 import argparse
 from pathlib import Path
 
-from .common import add_device_argument, add_input_argument, add_series_uid_argument, load_input
+from .common import add_device_argument, add_input_argument, add_quiet_argument, add_series_uid_argument, load_input
 
 
 def add_parser(subparsers) -> None:
@@ -31,6 +31,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--iso-level", type=float, default=None,
                         help="skin intensity threshold (default: chosen from the image)")
     add_device_argument(parser)
+    add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -50,6 +51,6 @@ def run(args: argparse.Namespace) -> int:
 
     with OutputTransaction() as outputs:  # creates the output folder when missing
         outputs.add_file(args.output, lambda path: save_png(figure, path), protect=[args.input])
-    if not getattr(args, "quiet", False):
+    if not args.quiet:
         print(f"wrote {args.output}")
     return 0

@@ -85,8 +85,8 @@ from ..errors import InputError
 from ..io.volume import Volume
 from ..progress import ProgressCallback, report
 from .distance import bounding_box, depth
-from .tissue_model import (IN_PLANE_SPACING_RATIO, LABEL, TissueClasses, TissueLevels, add_rician_noise,
-                           render_tissue, with_subcutaneous_fat)
+from .tissue_model import (LABEL, TissueClasses, TissueLevels, add_rician_noise,
+                           render_tissue, thick_slice_axis, with_subcutaneous_fat)
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "data" / "templates"
 TEMPLATE_FILES = ("reface_template_labels.nii.gz", "reface_template_texture.nii.gz",
@@ -184,11 +184,12 @@ class AnatomicalPriorConfig:
     def is_thick_sliced(self, target: Volume) -> bool:
         """Whether ``target`` (the input's grid) has thick slices: its coarsest axis at
         least ``thick_slice_mm`` thick (``slice_thickness_mm`` when given, else the spacing) and more
-        than :data:`IN_PLANE_SPACING_RATIO` x its finest (an isotropic 3 mm scan is a 3-D one)."""
-        spacing = np.asarray(target.spacing, np.float64)
-        if spacing.max() <= IN_PLANE_SPACING_RATIO * spacing.min():
+        than :data:`~AnonMRILib.transforms.tissue_model.IN_PLANE_SPACING_RATIO` x its finest
+        (:func:`~AnonMRILib.transforms.tissue_model.thick_slice_axis`; an isotropic 3 mm scan is a 3-D one)."""
+        axis = thick_slice_axis(target.spacing)
+        if axis is None:
             return False
-        thickness = spacing.max() if self.slice_thickness_mm is None else float(self.slice_thickness_mm)
+        thickness = target.spacing[axis] if self.slice_thickness_mm is None else float(self.slice_thickness_mm)
         return bool(thickness >= self.thick_slice_mm)
 
     def rendering_for(self, target: Volume) -> "AnatomicalPriorConfig":
@@ -727,13 +728,13 @@ def slab_box_kernel(width: float) -> np.ndarray:
 
 def target_extent_mm(target: Volume, slice_thickness_mm: Optional[float] = None) -> np.ndarray:
     """What one of ``target``'s voxels covers along world R, A, S (mm): the voxel's edges projected,
-    with the slice axis (the coarsest, if thicker than ``IN_PLANE_SPACING_RATIO`` x the finest, the
-    noise estimate's rule) ``slice_thickness_mm`` thick instead of its spacing when given (a gap
+    with the slice axis (:func:`~AnonMRILib.transforms.tissue_model.thick_slice_axis`, the noise
+    estimate's rule) ``slice_thickness_mm`` thick instead of its spacing when given (a gap
     between slices, or overlapping ones)."""
     columns = np.abs(np.asarray(target.affine, np.float64)[:3, :3])
     spacing = np.asarray(target.spacing, np.float64)
-    if slice_thickness_mm is not None and spacing.max() > IN_PLANE_SPACING_RATIO * spacing.min():
-        axis = int(np.argmax(spacing))
+    axis = thick_slice_axis(spacing)
+    if slice_thickness_mm is not None and axis is not None:
         columns[:, axis] *= float(slice_thickness_mm) / spacing[axis]
     return columns.sum(axis=1)
 

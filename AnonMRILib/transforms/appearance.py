@@ -16,6 +16,10 @@ per-volume corrections, both measured on the region being regenerated only:
   magnitude inside the region equals the input's times ``target_ratio`` (``a = 0`` when the noise
   alone reaches it). This restores *edge contrast* and noise texture; it cannot add anatomical
   detail finer than the model's pixels -- say so wherever the sharpness ratio is reported.
+  The result is floored at the input's darkest value in the region: noise and the unsharp mask's
+  undershoot beside bright vessels and dura drew values below zero (435 voxels down to -124 on
+  pyradiomics' brain1, a magnitude image whose darkest brain voxel is 0), which no MR magnitude image
+  has and on which N4 silently fits nothing.
 
 Order: histogram mapping of the smooth generated image, then noise, then sharpening (mapping
 after sharpening would undo it: a rank-preserving map of a smooth image stays smooth).
@@ -83,7 +87,8 @@ def match_sharpness(generated: np.ndarray, reference: np.ndarray, generated_mask
     voxels in ``generated_mask`` change. ``sigma_px``: in-plane Gaussian sigma (rows, cols) in pixels,
     about half the model pixel in input pixels. Sharpness is measured on the interior of the masks
     (eroded in-plane by ``erosion_px``, as :mod:`AnonMRILib.evaluation.realism` does, so the region's
-    own edge does not count). Details: amount, noise sigma, sharpness ratio reached."""
+    own edge does not count). The changed voxels are never darker than ``reference``'s darkest in
+    ``reference_mask``. Details: amount, noise sigma, sharpness ratio reached."""
     from scipy import ndimage
 
     generated = np.asarray(generated, dtype=np.float64)
@@ -99,8 +104,10 @@ def match_sharpness(generated: np.ndarray, reference: np.ndarray, generated_mask
     reference_sharpness = mean_gradient(reference, inner_reference)
     goal = target_ratio * reference_sharpness
 
+    floor = float(np.asarray(reference)[reference_mask].min()) if np.any(reference_mask) else -np.inf
+
     def render(amount: float) -> np.ndarray:
-        return np.where(generated_mask, generated + amount * detail + noise, generated)
+        return np.where(generated_mask, np.maximum(generated + amount * detail + noise, floor), generated)
 
     sharpness = _sharpness_of_amount(generated + noise, detail, inner_generated) if erosion_px >= 1 else \
         (lambda amount: mean_gradient(render(amount), inner_generated))
@@ -125,7 +132,8 @@ def _sharpness_of_amount(base: np.ndarray, detail: np.ndarray, inner: np.ndarray
     Exact for the bisection of :func:`match_sharpness`: ``inner`` is its mask eroded in-plane by at
     least one pixel, so every central difference at an ``inner`` voxel reads voxels inside the mask,
     where the rendered image is ``base + amount * detail``, and the gradient is linear in amount
-    (the same numbers as rendering and differentiating the whole stack 20 times, up to rounding)."""
+    (the same numbers as rendering and differentiating the whole stack 20 times, up to rounding and
+    the render's floor at the input's darkest value, which only the rare undershoots reach)."""
     count = int(inner.sum())
     if not count:
         return lambda amount: 0.0

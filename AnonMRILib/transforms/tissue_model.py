@@ -170,6 +170,13 @@ def render_tissue(labels: np.ndarray, texture: Optional[np.ndarray], classes: Ti
 IN_PLANE_SPACING_RATIO = 1.5
 
 
+def thick_slice_axis(spacing: Sequence[float]) -> Optional[int]:
+    """The slice axis of a thick-sliced grid: the coarsest axis when it is more than
+    :data:`IN_PLANE_SPACING_RATIO` x the finest; None for a (near) isotropic grid."""
+    spacing = np.asarray(spacing, np.float64)
+    return int(np.argmax(spacing)) if spacing.max() > IN_PLANE_SPACING_RATIO * spacing.min() else None
+
+
 def noise_axes(spacing: Optional[Sequence[float]], ndim: int = 3) -> Tuple[int, ...]:
     """Axes along which neighbours are compared for the noise estimate: all of them for (near)
     isotropic voxels, only the in-plane ones (spacing <= :data:`IN_PLANE_SPACING_RATIO` x the

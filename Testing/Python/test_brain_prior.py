@@ -311,6 +311,7 @@ def test_shipped_prior_models_give_a_sharp_new_brain_away_from_the_placed_donor(
     a, v, p = (np.asarray(x.array, np.float64) for x in (volume, varied, placed))
     assert np.array_equal(varied.array[lesion], volume.array[lesion])
     assert details["variation_strength"] == config.variation.strength
+    assert v[brain].min() >= a[brain].min()  # a magnitude image: noise and sharpening never go below the input
     ratio = mean_gradient(v, inside) / mean_gradient(a, inside)
     assert 0.8 <= ratio <= 1.25, ratio
     # not the patient's anatomy: no nearer to it than the placed donor alone, which is built from the masks

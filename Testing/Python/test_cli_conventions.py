@@ -119,3 +119,21 @@ def test_quiet_anywhere_output_folders_created_and_bids_sidecar(tmp_path, capsys
     assert main(["deface", str(source), str(tmp_path / "o2.nii.gz"), "--method", "black", "--brain-mask",
                  str(sample_brain_mask_path()), "--no-before-after", "--quiet"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_every_command_takes_quiet_after_the_command(tmp_path, capsys):
+    """``anonmri --help`` promises ``--quiet`` after the command too: every sub-command parses it, and
+    ``render`` then prints nothing."""
+    import argparse
+
+    from AnonMRILib.cli.main import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = [name for name, sub in commands.items() if "--quiet" not in sub._option_string_actions]
+    assert not missing, f"commands without --quiet: {missing}"
+    capsys.readouterr()
+    out = tmp_path / "face.png"
+    assert main(["render", str(sample_head_path()), str(out), "--size", "48", "--quiet"]) == 0
+    assert out.is_file() and capsys.readouterr().out == ""
+    assert main(["info", str(sample_head_path()), "--quiet"]) == 0 and "shape" in capsys.readouterr().out

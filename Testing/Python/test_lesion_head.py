@@ -130,6 +130,14 @@ def test_appearance_matching_restores_scale_noise_and_sharpness():
     assert details["sharpness_ratio_reached"] == pytest.approx(1.0, abs=0.02)
     assert np.median(out[mask]) == pytest.approx(np.median(reference[mask]), rel=0.05)
     assert np.array_equal(out[~mask], smooth[~mask])
+    # a dark image with thin bright vessels: noise and the unsharp mask's undershoot beside them would
+    # draw values below the input's darkest (0 here); the output stays a magnitude image
+    dark = np.clip(rng.normal(30, 20, clean.shape), 0, None)
+    dark[:, ::8, :] = 3000.0
+    blurred = ndimage.gaussian_filter(dark, (0, 2, 2))
+    out, _ = match_sharpness(blurred, dark, mask, mask, (1.5, 1.5), match_intensity=False, seed=1)
+    assert out[mask].min() >= dark[mask].min() == 0.0
+    assert (out[mask] == 0.0).sum() > 100  # where noise and undershoot went below it
 
 
 def test_cli_whole_head_face_method_none_warns(tmp_path, capsys):
