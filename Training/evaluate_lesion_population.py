@@ -81,10 +81,13 @@ def model_slices(volume: np.ndarray, size: int = 64) -> np.ndarray:
     return resize_slices(np.moveaxis(np.asarray(volume, np.float32), -1, 0), size)
 
 
-def utility(patients, outputs, steps: int, seed: int, split: str = "patients") -> dict:
+def utility(patients, outputs, steps: int, seed: int, split: str = "patients", seeds: int = 1) -> dict:
     """Tumour IoU of segmenters trained on real / anonymized / mixed / half-real slices (module docstring).
     ``split``: "patients" tests on the last third of the patients (whose base heads the training
-    patients share), "heads" on every patient of the last base head (an anatomy no training slice has)."""
+    patients share), "heads" on every patient of the last base head (an anatomy no training slice has).
+    ``seeds``: every set is trained with the seeds ``seed, ..., seed + seeds - 1`` (initialisation and
+    batch order); each row gives the mean IoU, its per-seed values and their sample standard
+    deviation, and the comparisons are made seed by seed (the same seed for both sets) and on the means."""
     from evaluate_lesion import segmentation_scores, train_segmentation
 
     def slices(indices, anonymized):
@@ -113,51 +116,62 @@ def utility(patients, outputs, steps: int, seed: int, split: str = "patients") -
     rows = {}
     for name, parts in sets.items():
         pieces = [slices(indices, anonymized) for indices, anonymized in parts]
-        images = np.concatenate([p[0] for p in pieces])
+        images = np.concatenate([p[0] for p in pieces]).astype(np.float32)
         masks = np.concatenate([p[1] for p in pieces])
-        model = train_segmentation(images.astype(np.float32), masks, steps, seed)
-        rows[name] = {"slices": int(len(images)), **{k: round(v, 4) for k, v in
-                                                     segmentation_scores(model, test_images, test_masks).items()}}
+        scores = [segmentation_scores(train_segmentation(images, masks, steps, seed + k), test_images, test_masks)
+                  for k in range(seeds)]
+        rows[name] = {"slices": int(len(images))}
+        for key in ("miou", "iou_tumour"):
+            values = [score[key] for score in scores]
+            rows[name][key] = round(float(np.mean(values)), 4)
+            if seeds > 1:
+                rows[name][key + "_per_seed"] = [round(v, 4) for v in values]
+                rows[name][key + "_sd"] = round(float(np.std(values, ddof=1)), 4)
         print(name, rows[name], flush=True)
+    rows.update(utility_comparisons(rows))
     rows["train_patients"], rows["test_patients"], rows["steps"], rows["split"] = len(train), len(test), steps, split
+    rows["seeds"] = seeds
     return rows
 
 
-def main(argv=None) -> int:
-    from AnonMRILib.evaluation.anonymity import DEFAULT_THRESHOLD_DB, anonymity_score
-    from AnonMRILib.evaluation.realism import RealismCriterion, area_ratio, sharpness_ratio
-    from AnonMRILib.evaluation.slice_baselines import (gaussian_blur, gaussian_noise, horizontal_flip,
-                                                       random_crop_resize)
+def utility_comparisons(rows: dict) -> dict:
+    """The issue's two utility criteria from :func:`utility`'s rows: tumour IoU trained on anonymized
+    / trained on real (goal >= 0.68) and half real + half anonymized - half real (goal >= 0), on the
+    mean IoUs and, with several seeds, seed by seed (how many seeds meet each goal)."""
+    real, anonymized = rows["real"], rows["anonymized (exact lesion)"]
+    mixed, half = rows["half real + half anonymized"], rows["half real"]
+    out = {"anonymized_over_real": round(anonymized["iou_tumour"] / max(real["iou_tumour"], 1e-9), 3),
+           "mixed_minus_half_real": round(mixed["iou_tumour"] - half["iou_tumour"], 4)}
+    if "iou_tumour_per_seed" in real:
+        ratios = [a / max(r, 1e-9) for a, r in zip(anonymized["iou_tumour_per_seed"], real["iou_tumour_per_seed"])]
+        gains = [m - h for m, h in zip(mixed["iou_tumour_per_seed"], half["iou_tumour_per_seed"])]
+        out["anonymized_over_real_per_seed"] = [round(v, 3) for v in ratios]
+        out["seeds_anonymized_at_least_0.68_of_real"] = int(sum(v >= 0.68 for v in ratios))
+        out["mixed_minus_half_real_per_seed"] = [round(v, 4) for v in gains]
+        out["seeds_mixed_at_least_half_real"] = int(sum(v >= 0 for v in gains))
+    return out
+
+
+def anonymize_population(patients, args, variation, models, donors):
+    """(outputs, placed-donor-alone outputs, seconds per patient, donors used, NCC of each output with
+    its placed donor alone): every patient anonymized with the learned variation and without it;
+    read from ``args.outputs_cache`` when it holds this population (count, seed, strength), else computed
+    and written there. The outputs are int16 volumes / 1000, so the cache holds them exactly."""
     from AnonMRILib.io import Volume
     from AnonMRILib.pipelines.lesion import LesionAnonymizationConfig, anonymize_lesion_contrasts
-    from AnonMRILib.transforms.brain_prior import BrainPriorConfig, load_donor_bank
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-root", type=Path, required=True)
-    parser.add_argument("--patients", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--utility-steps", type=int, default=1200, help="segmenter training steps (0: no utility part)")
-    parser.add_argument("--population-cache", type=Path, default=None,
-                        help=".npz of the generated patients: read when it exists, else written")
-    parser.add_argument("--variation", type=float, default=None,
-                        help="strength of the learned variation (default: the library's)")
-    parser.add_argument("--weights", type=Path, default=None, help="lesion prior weights folder (default: shipped)")
-    parser.add_argument("--utility-split", choices=("patients", "heads"), default="patients",
-                        help="test patients: the last third, or every patient of the last base head")
-    parser.add_argument("--results-name", default="population_results.json")
-    args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO / "Training"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    patients = make_population(args.data_root, args.patients, args.seed, args.population_cache)
-    build_s = time.time() - start
-    from AnonMRILib.pipelines.lesion import load_lesion_models
     from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+    from AnonMRILib.transforms.brain_prior import BrainPriorConfig
 
-    donors = [d.name for d in load_donor_bank()]
-    variation = PriorVariationConfig() if args.variation is None else PriorVariationConfig(strength=args.variation)
-    models = load_lesion_models(args.weights, "cpu", prior=True) if variation.strength > 0 else None
+    cache = args.outputs_cache
+    if cache is not None and Path(cache).is_file():
+        stored = np.load(cache)
+        if int(stored["count"]) == len(patients) and int(stored["seed"]) == args.seed \
+                and float(stored["strength"]) == variation.strength:
+            print(f"anonymized volumes read from {cache}", flush=True)
+            return ([v.astype(np.float32) / 1000.0 for v in stored["outputs"]],
+                    [v.astype(np.float32) / 1000.0 for v in stored["placed"]],
+                    [float(v) for v in stored["seconds"]], [str(v) for v in stored["donors"]],
+                    [float(v) for v in stored["moved"]])
     outputs, placed_outputs, seconds, used, moved = [], [], [], [], []
     for p, (name, image, lesion, brain, affine) in enumerate(patients):
         allowed = tuple(d for d in donors if d != SAME_PERSON.get(name))
@@ -182,6 +196,53 @@ def main(argv=None) -> int:
         moved.append(float(np.corrcoef(out[both], results["placed"][0][both])[0, 1]))
         print(f"anonymized {p} ({name}, donor {details['donor']}) in {elapsed:.1f} s; NCC with the placed donor "
               f"alone {moved[-1]:.3f}", flush=True)
+    if cache is not None:
+        np.savez(cache, count=len(patients), seed=args.seed, strength=variation.strength,
+                 outputs=np.stack([np.round(v * 1000) for v in outputs]).astype(np.int16),
+                 placed=np.stack([np.round(v * 1000) for v in placed_outputs]).astype(np.int16),
+                 seconds=np.asarray(seconds), donors=np.asarray(used), moved=np.asarray(moved))
+    return outputs, placed_outputs, seconds, used, moved
+
+
+def main(argv=None) -> int:
+    from AnonMRILib.evaluation.anonymity import DEFAULT_THRESHOLD_DB, anonymity_score
+    from AnonMRILib.evaluation.realism import RealismCriterion, area_ratio, sharpness_ratio
+    from AnonMRILib.evaluation.slice_baselines import (gaussian_blur, gaussian_noise, horizontal_flip,
+                                                       random_crop_resize)
+    from AnonMRILib.transforms.brain_prior import load_donor_bank
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-root", type=Path, required=True)
+    parser.add_argument("--patients", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--utility-steps", type=int, default=1200, help="segmenter training steps (0: no utility part)")
+    parser.add_argument("--population-cache", type=Path, default=None,
+                        help=".npz of the generated patients: read when it exists, else written")
+    parser.add_argument("--variation", type=float, default=None,
+                        help="strength of the learned variation (default: the library's)")
+    parser.add_argument("--weights", type=Path, default=None, help="lesion prior weights folder (default: shipped)")
+    parser.add_argument("--utility-seeds", type=int, default=1,
+                        help="train every segmenter with this many seeds and report mean, per-seed values and SD")
+    parser.add_argument("--outputs-cache", type=Path, default=None,
+                        help="an .npz of the anonymized volumes (written when missing, read when it holds this "
+                             "population's count and seed): rerun the metrics or the utility without anonymizing again")
+    parser.add_argument("--utility-split", choices=("patients", "heads"), default="patients",
+                        help="test patients: the last third, or every patient of the last base head")
+    parser.add_argument("--results-name", default="population_results.json")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO / "Training"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    patients = make_population(args.data_root, args.patients, args.seed, args.population_cache)
+    build_s = time.time() - start
+    from AnonMRILib.pipelines.lesion import load_lesion_models
+    from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+
+    donors = [d.name for d in load_donor_bank()]
+    variation = PriorVariationConfig() if args.variation is None else PriorVariationConfig(strength=args.variation)
+    models = load_lesion_models(args.weights, "cpu", prior=True) if variation.strength > 0 else None
+    outputs, placed_outputs, seconds, used, moved = anonymize_population(patients, args, variation, models, donors)
     rng = np.random.default_rng(args.seed)
     originals, generated, placed, others, owners = [], [], [], [], []
     for p, (_, image, lesion, brain, _) in enumerate(patients):
@@ -233,7 +294,8 @@ def main(argv=None) -> int:
                                                "mean": round(float(np.mean(moved)), 3)},
                "threshold_db": DEFAULT_THRESHOLD_DB}
     if args.utility_steps > 0:
-        results["utility"] = utility(patients, outputs, args.utility_steps, args.seed, args.utility_split)
+        results["utility"] = utility(patients, outputs, args.utility_steps, args.seed, args.utility_split,
+                                     args.utility_seeds)
         print("utility", results["utility"], flush=True)
     (args.out / args.results_name).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({k: v for k, v in results.items() if k != "rows"}), flush=True)

@@ -43,6 +43,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..device import inference_autocast
 from ..errors import InputError, WeightsError
 from ..progress import ProgressCallback, report
 
@@ -139,13 +140,12 @@ def vary_prior(canonical: np.ndarray, lesion: np.ndarray, region: np.ndarray, sp
     autoencoder.eval()
     diffusion.eval()
     batch = max(1, int(config.batch_size))
-    amp = device.type == "cpu"  # bfloat16 on the CPU (AMX / AVX-512 BF16); the diffusion runs in float32
     with torch.no_grad():
         for start in range(0, len(present), batch):
             part = slice(start, start + batch)
             x = torch.from_numpy(images[part])[:, None].to(device)
             m = torch.from_numpy(masks[part])[:, None].to(device)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            with inference_autocast(device):  # VAE in bfloat16 where the CPU has it; diffusion in float32
                 mean, _ = autoencoder.encode_background(x, m)
             prior = (mean.float() - models.latent_shift) / models.latent_scale
             count = prior.shape[0]
@@ -153,7 +153,7 @@ def vary_prior(canonical: np.ndarray, lesion: np.ndarray, region: np.ndarray, sp
             d = torch.from_numpy(depths[part]).to(device)
             z = sample_latents(diffusion, c, m, d, steps=config.steps, prior_latent=prior, start_latent=prior,
                                strength=config.strength, initial_noise=noise[part].to(device))
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            with inference_autocast(device):  # VAE in bfloat16 where the CPU has it; diffusion in float32
                 latents = torch.cat([z * models.latent_scale + models.latent_shift, mean.float()])
                 both = autoencoder.background_vae.decoder(latents).float().clamp(0.0, 1.0)[:, 0]
             change[part] = (both[:count] - both[count:]).cpu().numpy()  # D_b(z_s) - D_b(z_p)

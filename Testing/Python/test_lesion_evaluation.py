@@ -148,3 +148,24 @@ def test_real_case_helpers_resample_and_head_metrics():
     blurred = head.with_array(np.where(inside, ndimage.gaussian_filter(head.array.astype(float), (2, 2, 0)),
                                        head.array).astype(head.dtype))
     assert evaluate_lesion.head_metrics(head, blurred, inside, in_lesion)["sharpness_ratio_volume"] < 0.8
+
+
+def test_population_utility_is_compared_seed_by_seed_and_on_the_means():
+    """``evaluate_lesion_population.utility_comparisons``: the two utility goals of issue 26 on the mean
+    IoUs and, with several seeds, seed by seed (a segmenter's IoU moved by 0.05 between two identical
+    runs, so one draw cannot decide either goal)."""
+    import evaluate_lesion_population as population
+
+    one = {"real": {"iou_tumour": 0.3}, "anonymized (exact lesion)": {"iou_tumour": 0.15},
+           "half real + half anonymized": {"iou_tumour": 0.2}, "half real": {"iou_tumour": 0.25}}
+    assert population.utility_comparisons(one) == {"anonymized_over_real": 0.5, "mixed_minus_half_real": -0.05}
+    seeds = {"real": {"iou_tumour": 0.3, "iou_tumour_per_seed": [0.2, 0.4]},
+             "anonymized (exact lesion)": {"iou_tumour": 0.25, "iou_tumour_per_seed": [0.3, 0.2]},
+             "half real + half anonymized": {"iou_tumour": 0.2, "iou_tumour_per_seed": [0.1, 0.3]},
+             "half real": {"iou_tumour": 0.2, "iou_tumour_per_seed": [0.2, 0.2]}}
+    out = population.utility_comparisons(seeds)
+    assert out["anonymized_over_real"] == pytest.approx(0.833, abs=1e-3)
+    assert out["anonymized_over_real_per_seed"] == [1.5, 0.5]
+    assert out["seeds_anonymized_at_least_0.68_of_real"] == 1
+    assert out["mixed_minus_half_real_per_seed"] == [-0.1, 0.1]
+    assert out["seeds_mixed_at_least_half_real"] == 1

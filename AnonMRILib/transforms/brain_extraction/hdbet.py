@@ -32,8 +32,12 @@ mode, five folds x eight mirrorings, is 40x the cost and does not fit 60 s on 2 
    against ROBEX went from 0.955 to 0.960); (b) holes are filled, so that
    everything inside the brain surface (e.g. a ventricle the network missed) counts as brain and
    is preserved bit for bit.
-Runs in float32 on ``device`` (CPU by default). Time and peak memory on CPU for a 1 mm head: see
-``Training/benchmark_brain_mask.py`` and the README.
+Runs on ``device`` (CPU by default) in float32, or in bfloat16 on a CPU that computes it in hardware
+(AVX-512 BF16 / AMX; :attr:`HDBetConfig.precision`): AnonMRI's change, 40 % less CPU time for the
+mask of a 1 mm head (sub-01: 11.7 instead of 19.2 CPU-s) with a mask that agrees with float32's at
+Dice >= 0.9997 on every real head here (``Training/benchmark_brain_mask.py --backends hdbet
+hdbet-float32``). Time and peak memory on CPU for a 1 mm head: see ``Training/benchmark_brain_mask.py``
+and the README.
 """
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +45,7 @@ from typing import Optional
 
 import numpy as np
 
+from ...device import PRECISIONS, in_precision
 from ...errors import InputError, WeightsError
 from ...io.volume import Volume
 from ...models.model_card import verify_sha256
@@ -94,6 +99,8 @@ class HDBetConfig:
     view), so a box that misses brain cannot cut the mask; when the box network finds no brain at
     all, the whole field of view is used.
     ``spacing_mm``: the network's voxel size (HD-BET: 1.5 mm).
+    ``precision``: ``auto`` (bfloat16 weights and activations on a CPU with AVX-512 BF16 or AMX,
+    float32 elsewhere and on CUDA), ``float32`` or ``bfloat16``; the softmax is float32 either way.
 
     Defaults (crop, 5 mm margin, 1.75 mm) chosen by the README's decision rule: of the settings
     that run a 1 mm head in <= 15 s on 2 idle CPU cores, the highest mean Dice against ROBEX on
@@ -108,8 +115,11 @@ class HDBetConfig:
     crop_to_brain: bool = True
     crop_margin_mm: float = 5.0
     spacing_mm: float = 1.75
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.crop_margin_mm < 0:
             raise ValueError(f"crop_margin_mm must be >= 0, got {self.crop_margin_mm}")
         if not 0.5 <= self.spacing_mm <= 4.0:
@@ -135,15 +145,17 @@ def model_grid_shape(shape, spacing, model_spacing: float = MODEL_SPACING_MM) ->
 
 def brain_probability(network, image: np.ndarray, min_size: int = MIN_SIZE) -> np.ndarray:
     """HD-BET's brain probability of a standardised (D, H, W) float32 array, same shape; the array
-    is zero-padded at the upper end of each axis to :func:`padded_shape`."""
+    is zero-padded at the upper end of each axis to :func:`padded_shape`. The network runs in its
+    parameters' dtype (float32, or bfloat16 from :func:`~AnonMRILib.device.in_precision`); the
+    softmax is taken in float32."""
     import torch
 
-    device = next(network.parameters()).device
+    parameter = next(network.parameters())
     padded = np.zeros(padded_shape(image.shape, min_size), dtype=np.float32)
     padded[tuple(slice(0, n) for n in image.shape)] = image
     with torch.inference_mode():
-        logits = network(torch.from_numpy(padded)[None, None].to(device))
-        probability = torch.softmax(logits, dim=1)[0, 1]
+        logits = network(torch.from_numpy(padded)[None, None].to(device=parameter.device, dtype=parameter.dtype))
+        probability = torch.softmax(logits.float(), dim=1)[0, 1]
     return probability[tuple(slice(0, n) for n in image.shape)].cpu().numpy()
 
 
@@ -319,7 +331,7 @@ def compute_brain_mask(volume: Volume, progress: Optional[ProgressCallback] = No
     from the shipped weights when None; the latter only with ``config.crop_to_brain``).
     """
     report(progress, 0.0, "loading the brain-extraction network")
-    network = network if network is not None else load_network(device)
+    network = in_precision(network if network is not None else load_network(device), config.precision)
     data = np.nan_to_num(np.asarray(volume.array, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
     ras, orientation = to_ras(data, volume.affine)
     origin_ras, spacing_ras = _ras_axes(volume.affine, orientation, data.shape)
