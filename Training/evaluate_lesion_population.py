@@ -204,46 +204,15 @@ def anonymize_population(patients, args, variation, models, donors):
     return outputs, placed_outputs, seconds, used, moved
 
 
-def main(argv=None) -> int:
+def anonymity_results(patients, outputs, placed_outputs, seed: int) -> dict:
+    """The paper's criterion with the realism guard per slice, for ours, the donor alone and the slice
+    baselines (module docstring), and the NCC of each output with its own input and the others'."""
     from AnonMRILib.evaluation.anonymity import DEFAULT_THRESHOLD_DB, anonymity_score
     from AnonMRILib.evaluation.realism import RealismCriterion, area_ratio, sharpness_ratio
     from AnonMRILib.evaluation.slice_baselines import (gaussian_blur, gaussian_noise, horizontal_flip,
                                                        random_crop_resize)
-    from AnonMRILib.transforms.brain_prior import load_donor_bank
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-root", type=Path, required=True)
-    parser.add_argument("--patients", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--utility-steps", type=int, default=1200, help="segmenter training steps (0: no utility part)")
-    parser.add_argument("--population-cache", type=Path, default=None,
-                        help=".npz of the generated patients: read when it exists, else written")
-    parser.add_argument("--variation", type=float, default=None,
-                        help="strength of the learned variation (default: the library's)")
-    parser.add_argument("--weights", type=Path, default=None, help="lesion prior weights folder (default: shipped)")
-    parser.add_argument("--utility-seeds", type=int, default=1,
-                        help="train every segmenter with this many seeds and report mean, per-seed values and SD")
-    parser.add_argument("--outputs-cache", type=Path, default=None,
-                        help="an .npz of the anonymized volumes (written when missing, read when it holds this "
-                             "population's count and seed): rerun the metrics or the utility without anonymizing again")
-    parser.add_argument("--utility-split", choices=("patients", "heads"), default="patients",
-                        help="test patients: the last third, or every patient of the last base head")
-    parser.add_argument("--results-name", default="population_results.json")
-    args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO / "Training"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    patients = make_population(args.data_root, args.patients, args.seed, args.population_cache)
-    build_s = time.time() - start
-    from AnonMRILib.pipelines.lesion import load_lesion_models
-    from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
-
-    donors = [d.name for d in load_donor_bank()]
-    variation = PriorVariationConfig() if args.variation is None else PriorVariationConfig(strength=args.variation)
-    models = load_lesion_models(args.weights, "cpu", prior=True) if variation.strength > 0 else None
-    outputs, placed_outputs, seconds, used, moved = anonymize_population(patients, args, variation, models, donors)
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(seed)
     originals, generated, placed, others, owners = [], [], [], [], []
     for p, (_, image, lesion, brain, _) in enumerate(patients):
         for k in np.flatnonzero(brain.any(axis=(0, 1))):
@@ -283,16 +252,58 @@ def main(argv=None) -> int:
         own.append(float(np.corrcoef(x, image[region])[0, 1]))
         other.append(float(np.mean([np.corrcoef(x, patients[q][1][region])[0, 1]
                                     for q in range(len(patients)) if q != p])))
-    results = {"patients": args.patients, "slices": int(len(originals)), "seed": args.seed,
-               "heads": sorted({p[0] for p in patients}), "donors_used": used,
-               "population_build_s": round(build_s, 1), "seconds_per_patient_median": round(float(np.median(seconds)), 1),
-               "rows": rows,
-               "ncc_own_input_mean": round(float(np.mean(own)), 3), "ncc_other_inputs_mean": round(float(np.mean(other)), 3),
-               "patients_own_not_above_others": int(np.sum(np.asarray(own) <= np.asarray(other))),
+    return {"slices": int(len(originals)), "rows": rows,
+            "ncc_own_input_mean": round(float(np.mean(own)), 3), "ncc_other_inputs_mean": round(float(np.mean(other)), 3),
+            "patients_own_not_above_others": int(np.sum(np.asarray(own) <= np.asarray(other))),
+            "threshold_db": DEFAULT_THRESHOLD_DB}
+
+
+def main(argv=None) -> int:
+    from AnonMRILib.transforms.brain_prior import load_donor_bank
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-root", type=Path, required=True)
+    parser.add_argument("--patients", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--utility-steps", type=int, default=1200, help="segmenter training steps (0: no utility part)")
+    parser.add_argument("--population-cache", type=Path, default=None,
+                        help=".npz of the generated patients: read when it exists, else written")
+    parser.add_argument("--variation", type=float, default=None,
+                        help="strength of the learned variation (default: the library's)")
+    parser.add_argument("--weights", type=Path, default=None, help="lesion prior weights folder (default: shipped)")
+    parser.add_argument("--utility-seeds", type=int, default=1,
+                        help="train every segmenter with this many seeds and report mean, per-seed values and SD")
+    parser.add_argument("--outputs-cache", type=Path, default=None,
+                        help="an .npz of the anonymized volumes (written when missing, read when it holds this "
+                             "population's count and seed): rerun the metrics or the utility without anonymizing again")
+    parser.add_argument("--utility-split", choices=("patients", "heads"), default="patients",
+                        help="test patients: the last third, or every patient of the last base head")
+    parser.add_argument("--results-name", default="population_results.json")
+    parser.add_argument("--utility-only", action="store_true",
+                        help="skip the anonymity rows and NCC (memory: the slice stacks of every method), "
+                             "e.g. to rerun the utility on --outputs-cache")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO / "Training"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    patients = make_population(args.data_root, args.patients, args.seed, args.population_cache)
+    build_s = time.time() - start
+    from AnonMRILib.pipelines.lesion import load_lesion_models
+    from AnonMRILib.pipelines.prior_variation import PriorVariationConfig
+
+    donors = [d.name for d in load_donor_bank()]
+    variation = PriorVariationConfig() if args.variation is None else PriorVariationConfig(strength=args.variation)
+    models = load_lesion_models(args.weights, "cpu", prior=True) if variation.strength > 0 else None
+    outputs, placed_outputs, seconds, used, moved = anonymize_population(patients, args, variation, models, donors)
+    results = {"patients": args.patients, "seed": args.seed, "heads": sorted({p[0] for p in patients}),
+               "donors_used": used, "population_build_s": round(build_s, 1),
+               "seconds_per_patient_median": round(float(np.median(seconds)), 1),
                "variation_strength": variation.strength,
                "ncc_with_placed_donor_alone": {"per_patient": [round(v, 3) for v in moved],
-                                               "mean": round(float(np.mean(moved)), 3)},
-               "threshold_db": DEFAULT_THRESHOLD_DB}
+                                               "mean": round(float(np.mean(moved)), 3)}}
+    if not args.utility_only:
+        results.update(anonymity_results(patients, outputs, placed_outputs, args.seed))
     if args.utility_steps > 0:
         results["utility"] = utility(patients, outputs, args.utility_steps, args.seed, args.utility_split,
                                      args.utility_seeds)

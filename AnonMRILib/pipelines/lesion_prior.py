@@ -253,9 +253,9 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
                      config, models, seed: int, progress: Optional[ProgressCallback], outline: str
                      ) -> Tuple[List[np.ndarray], Dict, np.ndarray]:
     """:func:`generate_on_brain_prior` on volumes cropped to the brain's box."""
-    from ..transforms.brain_prior import (canonical_csf_level, classify_patient_tissues, guess_tissue_order,
-                                          is_t1_like, place_brain_prior, placed_brain_mask, resample_placed,
-                                          tissue_statistics, bright_tail_threshold)
+    from ..transforms.brain_prior import (bright_tail_threshold, canonical_csf_level, canonical_donor,
+                                          classify_patient_tissues, guess_tissue_order, is_t1_like, place_brain_prior,
+                                          placed_brain_mask, resample_placed, tissue_statistics)
     from .lesion import axial_layout, feather_weights, from_ras_layout, grade_index, to_ras_layout
 
     prior_config = config.brain_prior
@@ -284,8 +284,8 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
 
         require_prior_models(models)
         report(progress, 0.3, "brain prior: learned variation")
-        canonical = resample_placed(placement, np.asarray(placement.donor.t1.array, np.float32), reference, region,
-                                    prior_config, canonical_csf_level(placement.donor))
+        canonical = resample_placed(placement, canonical_donor(placement.donor), reference, region, prior_config,
+                                    canonical_csf_level(placement.donor))
         spacing = np.asarray(reference.spacing)[list(order_)]
         grade = grade_index(config.grade, models.diffusion.config.num_classes)
         varied = vary_prior(*(to_ras_layout(a, order_, flips) for a in (canonical, lesion, region)), spacing, models,

@@ -239,6 +239,35 @@ def test_donor_bank_files_match_their_card():
     assert (bp.DONOR_DIR / "ATTRIBUTION.md").is_file()
 
 
+def test_the_varied_prior_has_the_donors_csf_outside_its_brain(brain_case, monkeypatch):
+    """The canonical prior that the learned variation varies is the donor's T1 with its CSF level
+    outside its brain, as the rendered donor is (the bank's T1 is 0 there: carried through the placement
+    and averaged over a slab, that 0 drew near-black voxels wherever the donor's outline crossed,
+    brain1's skull-stripped frontal pole)."""
+    for donor in bp.load_donor_bank():
+        canonical = bp.canonical_donor(donor)
+        brain = np.asarray(donor.brain.array) != 0
+        assert np.all(canonical[~brain] == np.float32(bp.canonical_csf_level(donor)))
+        assert np.array_equal(canonical[brain], np.asarray(donor.t1.array, np.float32)[brain])
+        assert bp.canonical_csf_level(donor) > 0
+    # the pipeline varies that array, not the bank's T1
+    volume, lesion_volume, _, _ = brain_case
+    carried = []
+    real = bp.resample_placed
+
+    def spy(placement, donor_array, *args, **kwargs):
+        carried.append((placement.donor, np.asarray(donor_array)))
+        return real(placement, donor_array, *args, **kwargs)
+
+    monkeypatch.setattr(bp, "resample_placed", spy)
+    config = LesionAnonymizationConfig(exact_lesion=True, input_kind="brain",
+                                       brain_prior=bp.BrainPriorConfig(match_texture=False, **OTHER_DONOR),
+                                       variation=PriorVariationConfig(strength=0.5, steps=2))
+    anonymize_lesion_contrasts([volume], lesion_volume, config=config, seed=3, weights=tiny_models(prior=True))
+    t1_like = [(donor, array) for donor, array in carried if array.dtype == np.float32 and array.max() > 1]
+    assert t1_like and all(np.array_equal(array, bp.canonical_donor(donor)) for donor, array in t1_like[:1])
+
+
 def test_cli_anonymizes_co_registered_contrasts_with_one_anatomy(brain_case, tmp_path, capsys):
     from AnonMRILib.cli.lesion import contrast_from_file_name
     from AnonMRILib.cli.main import main
