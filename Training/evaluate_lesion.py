@@ -54,6 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_lesion_vae import load_split  # noqa: E402
 
+from AnonMRILib.evaluation.tumour_segmentation import (PAPER_PATH_SEGMENTER, train_tumour_segmenter,  # noqa: E402
+                                                       tumour_iou)
+
 
 # --- anonymity ---------------------------------------------------------------------------------------------
 def other_patient_candidates(depths: np.ndarray, patients: np.ndarray):
@@ -170,45 +173,8 @@ def anonymity_rows(name: str, anonymized: np.ndarray, originals: np.ndarray, can
 
 
 # --- utility -----------------------------------------------------------------------------------------------
-#: Adam learning rate of the segmentation U-Net: at 1e-3 it stayed at the all-background solution for 600 steps
-SEGMENTATION_LEARNING_RATE = 3e-3
-
-
-def train_segmentation(images, masks, steps: int, seed: int, batch: int = 32,
-                       learning_rate: float = SEGMENTATION_LEARNING_RATE):
-    import torch
-    from monai.losses import DiceLoss
-    from monai.networks.nets import UNet
-
-    torch.manual_seed(seed)
-    model = UNet(spatial_dims=2, in_channels=1, out_channels=1, channels=(16, 32, 64), strides=(2, 2),
-                 num_res_units=1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    dice, bce = DiceLoss(sigmoid=True, batch=True), torch.nn.BCEWithLogitsLoss()
-    x = torch.from_numpy(images[:, None].astype(np.float32))
-    y = torch.from_numpy(masks[:, None].astype(np.float32))
-    generator = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(steps):
-        index = torch.randint(0, len(x), (min(batch, len(x)),), generator=generator)
-        logits = model(x[index])
-        loss = dice(logits, y[index]) + bce(logits, y[index])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
-
-
-def segmentation_scores(model, images, masks) -> dict:
-    import torch
-
-    with torch.no_grad():
-        predicted = torch.cat([model(torch.from_numpy(images[i:i + 128, None].astype(np.float32))) > 0
-                               for i in range(0, len(images), 128)])[:, 0].numpy()
-    truth = masks.astype(bool)
-    iou_tumour = (predicted & truth).sum() / max((predicted | truth).sum(), 1)
-    iou_background = (~predicted & ~truth).sum() / max((~predicted | ~truth).sum(), 1)
-    return {"miou": float((iou_tumour + iou_background) / 2), "iou_tumour": float(iou_tumour)}
+#: the utility segmenter (:mod:`AnonMRILib.evaluation.tumour_segmentation`) on this path's 64 x 64 slices
+SEGMENTATION_LEARNING_RATE = PAPER_PATH_SEGMENTER.learning_rate
 
 
 def train_classifier(images, grades, steps: int, seed: int, batch: int = 32):
@@ -512,9 +478,9 @@ def main(argv=None) -> int:
         test_lesion = test.with_lesion()
         rows = []
         for name, (images, masks, grades) in sets.items():
-            seg = segmentation_scores(train_segmentation(images, masks, args.segmentation_steps, args.seed,
-                                                         learning_rate=args.segmentation_learning_rate),
-                                      test.images, test.masks)
+            segmenter = dataclasses.replace(PAPER_PATH_SEGMENTER, steps=args.segmentation_steps,
+                                            learning_rate=args.segmentation_learning_rate)
+            seg = tumour_iou(train_tumour_segmenter(images, masks, segmenter, args.seed), test.images, test.masks)
             has_lesion = masks.reshape(len(masks), -1).any(1)
             classifier = train_classifier(images[has_lesion], grades[has_lesion], args.classification_steps, args.seed)
             accuracy = classification_accuracy(classifier, test_lesion.images, test_lesion.grades)

@@ -18,16 +18,22 @@ passed, sharpness ratio in [0.8, 1.25], brain area within [0.6, 1.67] of the inp
 columns. Per volume: NCC inside the non-lesion brain of the output with its own input and, on
 average, with every other patient's input (co-registered grid: no registration needed).
 
-Utility (``--utility-steps``, the segmentation experiment of ``Training/evaluate_lesion.py`` on these
-volumes): a tumour segmenter (MONAI U-Net on 64 x 64 slices) trained on the real slices of the first
-two thirds of the patients, on their anonymized slices, on half real + half anonymized (by patient)
-and on the half real alone, each tested on the real slices of the last third; tumour IoU. The patients
-share four base heads, so that split tests on anatomy the real training slices have seen; ``--utility-split
-heads`` tests on every patient of the last base head instead and trains on the others.
+Utility (``--utility-steps``): a tumour segmenter
+(:mod:`AnonMRILib.evaluation.tumour_segmentation`: a MONAI U-Net on the axial slices resampled to
+``--utility-size`` pixels, 120 = 2 mm; trained on 64 x 64 crops, half of them centred on tumour, and
+scored on whole slices) trained on the real slices of the first two thirds of the patients, on their
+anonymized slices, on half real + half anonymized (by patient; :func:`balanced_halves`) and on the
+half real alone, each tested on the real slices of the last third; tumour IoU.
+``--utility-size 64 --utility-segmenter uniform`` (the paper path's segmenter) is the segmenter as
+run before 2026-12-07 (3.75 mm pixels, uniform whole-slice batches; real IoU 0.29). The patients
+share four base heads, so that split tests on anatomy the real training slices have seen;
+``--utility-split heads`` tests on every patient of the last base head instead and trains on the
+others. ``--utility-sets`` trains only some of the four sets.
 
     python Training/evaluate_lesion_population.py --data-root DATA --patients 16 --out docs/evaluation/lesion/prior
 """
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -81,14 +87,36 @@ def model_slices(volume: np.ndarray, size: int = 64) -> np.ndarray:
     return resize_slices(np.moveaxis(np.asarray(volume, np.float32), -1, 0), size)
 
 
-def utility(patients, outputs, steps: int, seed: int, split: str = "patients", seeds: int = 1) -> dict:
+#: the training sets of the utility experiment, in the order they are trained
+UTILITY_SETS = ("real", "anonymized (exact lesion)", "half real + half anonymized", "half real")
+
+
+def balanced_halves(indices, keys):
+    """Two halves of ``indices`` (patients) in which every key (base head, grade) is shared out as
+    evenly as it can be: the indices sorted by key, then taken alternately. In the generated population
+    patient p has base head p % 4 and grade p % 2, so halves by parity (``indices[::2]``, as until
+    2026-12-07) put one grade and two of the four heads in each half: "half real" never saw the other
+    grade or the other two anatomies, and reached tumour IoU 0.04 where the whole set reached 0.75."""
+    ordered = [index for _, index in sorted(zip(keys, indices))]
+    return ordered[::2], ordered[1::2]
+
+
+def utility(patients, outputs, segmenter, seed: int, split: str = "patients", seeds: int = 1, size: int = 120,
+            sets_wanted=None) -> dict:
     """Tumour IoU of segmenters trained on real / anonymized / mixed / half-real slices (module docstring).
+    ``segmenter``: a :class:`~AnonMRILib.evaluation.tumour_segmentation.TumourSegmenterConfig`; ``size``:
+    the side the 240 x 240 slices are resampled to (120: 2 mm pixels); ``sets_wanted``: the names of the
+    sets to train (None: all four). The halves are :func:`balanced_halves`.
     ``split``: "patients" tests on the last third of the patients (whose base heads the training
     patients share), "heads" on every patient of the last base head (an anatomy no training slice has).
     ``seeds``: every set is trained with the seeds ``seed, ..., seed + seeds - 1`` (initialisation and
     batch order); each row gives the mean IoU, its per-seed values and their sample standard
     deviation, and the comparisons are made seed by seed (the same seed for both sets) and on the means."""
-    from evaluate_lesion import segmentation_scores, train_segmentation
+    from dataclasses import asdict
+
+    import torch
+
+    from AnonMRILib.evaluation.tumour_segmentation import train_tumour_segmenter, tumour_iou
 
     def slices(indices, anonymized):
         images, masks = [], []
@@ -96,8 +124,8 @@ def utility(patients, outputs, steps: int, seed: int, split: str = "patients", s
             _, image, lesion, brain, _ = patients[p]
             keep = brain.any(axis=(0, 1))
             source = outputs[p] if anonymized else image
-            images.append(model_slices(source)[keep])
-            masks.append(model_slices(lesion.astype(np.float32))[keep] >= 0.5)
+            images.append(model_slices(source, size)[keep])
+            masks.append(model_slices(lesion.astype(np.float32), size)[keep] >= 0.5)
         return np.concatenate(images), np.concatenate(masks)
 
     count = len(patients)
@@ -108,17 +136,18 @@ def utility(patients, outputs, steps: int, seed: int, split: str = "patients", s
     else:
         train = list(range(int(round(count * 2 / 3))))
         test = list(range(len(train), count))
-    half = train[::2]
-    other_half = train[1::2]
-    sets = {"real": [(train, False)], "anonymized (exact lesion)": [(train, True)],
-            "half real + half anonymized": [(half, False), (other_half, True)], "half real": [(half, False)]}
+    half, other_half = balanced_halves(train, [(patients[p][0], p % 2) for p in train])
+    sets = dict(zip(UTILITY_SETS, ([(train, False)], [(train, True)], [(half, False), (other_half, True)],
+                                   [(half, False)])))
+    sets = {name: parts for name, parts in sets.items() if sets_wanted is None or name in sets_wanted}
+    start = time.time()
     test_images, test_masks = slices(test, False)
     rows = {}
     for name, parts in sets.items():
         pieces = [slices(indices, anonymized) for indices, anonymized in parts]
         images = np.concatenate([p[0] for p in pieces]).astype(np.float32)
         masks = np.concatenate([p[1] for p in pieces])
-        scores = [segmentation_scores(train_segmentation(images, masks, steps, seed + k), test_images, test_masks)
+        scores = [tumour_iou(train_tumour_segmenter(images, masks, segmenter, seed + k), test_images, test_masks)
                   for k in range(seeds)]
         rows[name] = {"slices": int(len(images))}
         for key in ("miou", "iou_tumour"):
@@ -128,9 +157,11 @@ def utility(patients, outputs, steps: int, seed: int, split: str = "patients", s
                 rows[name][key + "_per_seed"] = [round(v, 4) for v in values]
                 rows[name][key + "_sd"] = round(float(np.std(values, ddof=1)), 4)
         print(name, rows[name], flush=True)
-    rows.update(utility_comparisons(rows))
-    rows["train_patients"], rows["test_patients"], rows["steps"], rows["split"] = len(train), len(test), steps, split
-    rows["seeds"] = seeds
+    if len(rows) == 4:
+        rows.update(utility_comparisons(rows))
+    rows["train_patients"], rows["test_patients"], rows["split"] = len(train), len(test), split
+    rows["seeds"], rows["slice_size"], rows["segmenter"] = seeds, size, asdict(segmenter)
+    rows["seconds"], rows["torch_threads"] = round(time.time() - start, 1), torch.get_num_threads()
     return rows
 
 
@@ -259,6 +290,7 @@ def anonymity_results(patients, outputs, placed_outputs, seed: int) -> dict:
 
 
 def main(argv=None) -> int:
+    from AnonMRILib.evaluation.tumour_segmentation import PAPER_PATH_SEGMENTER, TumourSegmenterConfig
     from AnonMRILib.transforms.brain_prior import load_donor_bank
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -266,7 +298,16 @@ def main(argv=None) -> int:
     parser.add_argument("--patients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--utility-steps", type=int, default=1200, help="segmenter training steps (0: no utility part)")
+    parser.add_argument("--utility-steps", type=int, default=TumourSegmenterConfig.steps,
+                        help="segmenter training steps (0: no utility part)")
+    parser.add_argument("--utility-sets", default=None,
+                        help="comma-separated sets to train (default all: " + ", ".join(UTILITY_SETS) + ")")
+    parser.add_argument("--utility-size", type=int, default=120,
+                        help="side in pixels the 240 x 240 slices are resampled to for the segmenter (120: 2 mm)")
+    parser.add_argument("--utility-segmenter", choices=("crops", "uniform"), default="crops",
+                        help="crops: tumour-weighted crops (TumourSegmenterConfig's defaults); uniform: the paper "
+                             "path's segmenter on whole slices in uniform batches (with --utility-size 64: the "
+                             "experiment as run before 2026-12-07)")
     parser.add_argument("--population-cache", type=Path, default=None,
                         help=".npz of the generated patients: read when it exists, else written")
     parser.add_argument("--variation", type=float, default=None,
@@ -284,6 +325,8 @@ def main(argv=None) -> int:
                         help="skip the anonymity rows and NCC (memory: the slice stacks of every method), "
                              "e.g. to rerun the utility on --outputs-cache")
     args = parser.parse_args(argv)
+    if args.utility_sets is not None and not set(args.utility_sets.split(",")) <= set(UTILITY_SETS):
+        parser.error(f"--utility-sets: choose among {', '.join(UTILITY_SETS)}")
     sys.path.insert(0, str(REPO / "Training"))
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -305,8 +348,11 @@ def main(argv=None) -> int:
     if not args.utility_only:
         results.update(anonymity_results(patients, outputs, placed_outputs, args.seed))
     if args.utility_steps > 0:
-        results["utility"] = utility(patients, outputs, args.utility_steps, args.seed, args.utility_split,
-                                     args.utility_seeds)
+        segmenter = dataclasses.replace(TumourSegmenterConfig() if args.utility_segmenter == "crops"
+                                        else PAPER_PATH_SEGMENTER, steps=args.utility_steps)
+        results["utility"] = utility(patients, outputs, segmenter, args.seed, args.utility_split,
+                                     args.utility_seeds, args.utility_size,
+                                     None if args.utility_sets is None else args.utility_sets.split(","))
         print("utility", results["utility"], flush=True)
     (args.out / args.results_name).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({k: v for k, v in results.items() if k != "rows"}), flush=True)

@@ -77,25 +77,88 @@ def test_population_reference_pastes_the_lesion_into_a_training_patients_slice()
     assert set(np.unique(out[0][~mask[0]]).tolist()) <= {np.float32(0.2), np.float32(0.4)}  # a deep training slice
 
 
-def test_segmentation_utility_model_learns_a_separable_lesion():
-    """The default learning rate makes the utility U-Net converge on a small, imbalanced task
-    (lesions ~3 % of pixels; ~1.5 % in the generated data) within a CPU-sized step budget."""
-    import torch
-
-    import evaluate_lesion
-
-    torch.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    n, size = 64, 32
+def _separable_lesions(n: int, size: int, side: int, every: int, seed: int = 0):
+    """(images, masks): noise slices, every ``every``-th with a bright ``side`` x ``side`` lesion somewhere."""
+    rng = np.random.default_rng(seed)
     images = rng.normal(0.3, 0.05, (n, size, size)).astype(np.float32)
     masks = np.zeros((n, size, size), np.uint8)
-    for i in range(0, n, 2):  # half the slices carry a bright 8x8 lesion somewhere
-        r, c = rng.integers(4, size - 12, 2)
-        masks[i, r:r + 8, c:c + 8] = 1
+    for i in range(0, n, every):
+        r, c = rng.integers(4, size - side - 4, 2)
+        masks[i, r:r + side, c:c + side] = 1
     images[masks > 0] += 0.5
-    model = evaluate_lesion.train_segmentation(images[:48], masks[:48], steps=300, seed=0)
-    scores = evaluate_lesion.segmentation_scores(model, images[48:], masks[48:])
+    return images, masks
+
+
+def test_segmentation_utility_model_learns_a_separable_lesion():
+    """The paper path's segmenter (whole 64 x 64-style slices, uniform batches) converges on a small,
+    imbalanced task (lesions ~3 % of pixels; ~1.5 % in the generated data) within a CPU-sized budget."""
+    import dataclasses
+
+    import torch
+
+    from AnonMRILib.evaluation.tumour_segmentation import PAPER_PATH_SEGMENTER, train_tumour_segmenter, tumour_iou
+
+    torch.set_num_threads(1)
+    images, masks = _separable_lesions(64, 32, 8, 2)
+    model = train_tumour_segmenter(images[:48], masks[:48], dataclasses.replace(PAPER_PATH_SEGMENTER, steps=300), 0)
+    scores = tumour_iou(model, images[48:], masks[48:])
     assert scores["iou_tumour"] > 0.5, scores
+
+
+def test_crop_trained_segmenter_finds_rare_small_lesions_on_whole_slices():
+    """The population's segmenter: crops, half of them centred on tumour, scored on whole slices of
+    a side that is not a multiple of its stride. Lesions on one slice in eight, 0.4 % of its pixels:
+    uniform whole-slice batches stay at the all-background solution in the same budget, the
+    tumour-weighted crops learn them."""
+    import torch
+
+    from AnonMRILib.evaluation.tumour_segmentation import (PAPER_PATH_SEGMENTER, TumourSegmenterConfig,
+                                                           train_tumour_segmenter, tumour_iou)
+
+    torch.set_num_threads(1)
+    images, masks = _separable_lesions(96, 60, 4, 8, seed=1)
+    train, test = slice(0, 64), slice(64, 96)
+    config = TumourSegmenterConfig(channels=(8, 16, 32), strides=(2, 2), crop=32, steps=150, batch=16)
+    weighted = tumour_iou(train_tumour_segmenter(images[train], masks[train], config, 0), images[test], masks[test])
+    uniform_config = TumourSegmenterConfig(channels=(8, 16, 32), strides=(2, 2), crop=None, tumour_fraction=0.0,
+                                           norm=PAPER_PATH_SEGMENTER.norm, steps=150, batch=16)
+    uniform = tumour_iou(train_tumour_segmenter(images[train], masks[train], uniform_config, 0), images[test],
+                         masks[test])
+    assert weighted["iou_tumour"] > 0.5, weighted
+    assert uniform["iou_tumour"] < weighted["iou_tumour"] - 0.2, (uniform, weighted)
+
+
+def test_segmenter_crops_are_centred_on_tumour_at_the_configured_share():
+    """The batch sampler: with tumour_fraction 1 every crop holds tumour; with 0 they fall anywhere."""
+    from AnonMRILib.evaluation.tumour_segmentation import TumourSegmenterConfig, _batch_index
+
+    _, masks = _separable_lesions(40, 60, 4, 8, seed=2)
+    tumour_slices = np.flatnonzero(masks.reshape(40, -1).any(1))
+    rng = np.random.default_rng(0)
+    config = TumourSegmenterConfig(crop=32, tumour_fraction=1.0, batch=64)
+    index, rows, cols = _batch_index(masks > 0, config, rng, tumour_slices)
+    assert all(masks[i, r:r + 32, c:c + 32].any() for i, r, c in zip(index, rows, cols))
+    assert rows.min() >= 0 and rows.max() <= 60 - 32 and cols.max() <= 60 - 32
+    index, rows, cols = _batch_index(masks > 0, TumourSegmenterConfig(crop=32, tumour_fraction=0.0, batch=64), rng,
+                                     tumour_slices)
+    assert np.mean([masks[i, r:r + 32, c:c + 32].any() for i, r, c in zip(index, rows, cols)]) < 0.4
+    index, rows, _ = _batch_index(masks > 0, TumourSegmenterConfig(crop=None, tumour_fraction=1.0, batch=16), rng,
+                                  tumour_slices)
+    assert rows is None and np.isin(index, tumour_slices).all()
+
+
+def test_segmenter_config_and_inputs_are_validated():
+    import pytest
+
+    from AnonMRILib.evaluation.tumour_segmentation import TumourSegmenterConfig, train_tumour_segmenter
+
+    for bad in ({"strides": (2,)}, {"norm": "group"}, {"crop": 30}, {"tumour_fraction": 1.5}, {"batch": 0}):
+        with pytest.raises(ValueError):
+            TumourSegmenterConfig(**bad)
+    with pytest.raises(ValueError, match="smaller than the crop"):
+        train_tumour_segmenter(np.zeros((2, 32, 32)), np.zeros((2, 32, 32)), TumourSegmenterConfig(crop=64))
+    with pytest.raises(ValueError, match="one shape"):
+        train_tumour_segmenter(np.zeros((2, 32, 32)), np.zeros((2, 32, 31)))
 
 
 def test_consistency_part_reports_real_independent_and_consistent(tmp_path, monkeypatch):
@@ -169,3 +232,17 @@ def test_population_utility_is_compared_seed_by_seed_and_on_the_means():
     assert out["seeds_anonymized_at_least_0.68_of_real"] == 1
     assert out["mixed_minus_half_real_per_seed"] == [-0.1, 0.1]
     assert out["seeds_mixed_at_least_half_real"] == 1
+
+
+def test_utility_halves_share_every_head_and_grade():
+    """``evaluate_lesion_population.balanced_halves``: with the population's patient p on base head
+    p % 4 and grade p % 2, each half gets every head and both grades (halves by parity got one grade
+    and two heads each), and together they are the training patients, once each."""
+    import evaluate_lesion_population as population
+
+    for train in (list(range(11)), [p for p in range(16) if p % 4 != 3]):
+        half, other = population.balanced_halves(train, [(p % 4, p % 2) for p in train])
+        assert sorted(half + other) == sorted(train) and abs(len(half) - len(other)) <= 1
+        for part in (half, other):
+            assert {p % 2 for p in part} == {p % 2 for p in train}
+            assert {p % 4 for p in part} == {p % 4 for p in train}
