@@ -298,8 +298,9 @@ def main(argv=None) -> int:
     parser.add_argument("--patients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--utility-steps", type=int, default=TumourSegmenterConfig.steps,
-                        help="segmenter training steps (0: no utility part)")
+    parser.add_argument("--utility-steps", type=int, default=None,
+                        help="segmenter training steps (default: the chosen segmenter's, 2,400 for crops and 1,200 "
+                             "for uniform; 0: no utility part)")
     parser.add_argument("--utility-sets", default=None,
                         help="comma-separated sets to train (default all: " + ", ".join(UTILITY_SETS) + ")")
     parser.add_argument("--utility-size", type=int, default=120,
@@ -347,9 +348,10 @@ def main(argv=None) -> int:
                                                "mean": round(float(np.mean(moved)), 3)}}
     if not args.utility_only:
         results.update(anonymity_results(patients, outputs, placed_outputs, args.seed))
-    if args.utility_steps > 0:
-        segmenter = dataclasses.replace(TumourSegmenterConfig() if args.utility_segmenter == "crops"
-                                        else PAPER_PATH_SEGMENTER, steps=args.utility_steps)
+    segmenter = TumourSegmenterConfig() if args.utility_segmenter == "crops" else PAPER_PATH_SEGMENTER
+    if args.utility_steps is not None:
+        segmenter = dataclasses.replace(segmenter, steps=args.utility_steps)
+    if segmenter.steps > 0:
         results["utility"] = utility(patients, outputs, segmenter, args.seed, args.utility_split,
                                      args.utility_seeds, args.utility_size,
                                      None if args.utility_sets is None else args.utility_sets.split(","))
