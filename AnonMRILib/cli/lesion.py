@@ -13,10 +13,11 @@ A skull-stripped input stays brain-only.
 
 By default (``--prior donor``) the regenerated brain is a donor brain placed from the brain and
 lesion masks and rendered in the input's contrast (``--contrast``, else guessed from the file name,
-else from the histogram); ``--prior none`` is the paper's generator alone. Other co-registered
-contrasts of the same patient on the same grid (BraTS: T1, T1c, T2, FLAIR) are anonymized with it
-consistently -- one placed anatomy in every contrast -- with ``--apply-to IMAGE OUT`` (repeatable;
-``--apply-to-contrast NAME`` once per ``--apply-to``, else guessed from the file name).
+else from the deep brain's intensity and the histogram); ``--prior none`` is the paper's generator
+alone. Other co-registered contrasts of the same patient on the same grid (BraTS: T1, T1c, T2,
+FLAIR) are anonymized with it consistently -- one placed anatomy in every contrast -- with
+``--apply-to IMAGE OUT`` (repeatable; ``--apply-to-contrast NAME`` once per ``--apply-to``, else
+guessed from the file name).
 """
 import argparse
 import re
@@ -95,7 +96,8 @@ def add_parser(subparsers) -> None:
     add_slice_thickness_argument(parser, "the placed donor brain and the face prior are averaged over this slab "
                                          "in each output slice")
     parser.add_argument("--contrast", choices=CONTRASTS, default=None,
-                        help="the input's sequence (default: from the file name, else auto = from the histogram; "
+                        help="the input's sequence (default: from the file name, else auto = from the deep "
+                             "brain's intensity and the histogram; "
                              "FLAIR must be named)")
     parser.add_argument("--apply-to", nargs=2, action="append", default=[], metavar=("IMAGE", "OUT"),
                         help="another contrast of the same patient on the same grid (co-registered: BraTS T1/T1c/T2/"

@@ -302,7 +302,8 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
         if index == 0:
             image_order = order
         elif contrast == "auto":
-            image_order = guess_tissue_order(np.asarray(volume.array)[reference_region].astype(np.float64))
+            image_order = guess_tissue_order(np.asarray(volume.array)[reference_region].astype(np.float64),
+                                             tissues.deep_values(volume.array))
             details["tissue_order"].append(f"auto: {', '.join(image_order)} from dark to bright")
         else:
             from ..transforms.brain_prior import CONTRAST_ORDERS

@@ -90,6 +90,55 @@ def test_tissue_order_is_guessed_from_the_histogram_and_named_contrasts_win():
     assert np.allclose(params[:, 0], [100, 170, 220], atol=6) and np.allclose(params[:, 1], [20, 12, 10], atol=4)
 
 
+def layered_brain(seed: int = 0):
+    """A 1 mm spherical T1 "brain" (Volume, brain mask) whose histogram misleads: white matter deep
+    (radius < 22 mm), grey matter around it (< 30 mm), and a CSF shell (< 40 mm) holding 58 % of the
+    voxels, so the median lies in CSF and the bright end looks like a T2's CSF tail."""
+    rng = np.random.default_rng(seed)
+    grid = np.stack(np.meshgrid(*[np.arange(90) - 44.5] * 3, indexing="ij"), axis=-1)
+    radius = np.linalg.norm(grid, axis=-1)
+    brain = radius < 40
+    data = np.where(radius < 22, 0.75, np.where(radius < 30, 0.45, 0.25)) + rng.normal(0, 0.02, radius.shape)
+    return Volume((data * brain).astype(np.float32), np.eye(4)), brain, radius
+
+
+def test_tissue_order_is_read_from_depth_before_the_histogram():
+    volume, brain, _ = layered_brain()
+    no_lesion = np.zeros(brain.shape, bool)
+    values = np.asarray(volume.array)[brain].astype(np.float64)
+    # the histogram alone takes this T1 for a T2 (population patient 0 was rendered with grey and
+    # white matter swapped this way); the deep voxels (white matter) say it is T1-like
+    assert bp.guess_tissue_order(values) == bp.CONTRAST_ORDERS["T2w"]
+    t1 = bp.classify_patient_tissues(volume, brain, no_lesion)
+    assert t1.order == bp.CONTRAST_ORDERS["T1w"] and "T1w-like" in t1.described
+    inverted = volume.with_array(np.where(brain, 1.0 - np.asarray(volume.array), 0).astype(np.float32))
+    assert bp.classify_patient_tissues(inverted, brain, no_lesion).order == bp.CONTRAST_ORDERS["T2w"]
+    # too few deep voxels, or deep and shallow alike: the histogram decides
+    assert bp.guess_tissue_order(values, values[:500]) == bp.CONTRAST_ORDERS["T2w"]
+    assert bp.guess_tissue_order(values, np.full(5000, np.median(values))) == bp.CONTRAST_ORDERS["T2w"]
+
+
+def test_the_enhancing_tail_lies_above_the_brightest_tissue_and_near_the_surface():
+    rng = np.random.default_rng(0)
+    # grey matter's peak the highest, white matter's lower and brighter, 1 % vessels above both
+    values = np.concatenate([rng.normal(0.42, 0.03, 60000), rng.normal(0.70, 0.06, 40000), rng.normal(1.2, 0.05, 1000)])
+    threshold = bp.bright_tail_threshold(values, 4.0)
+    assert 0.85 < threshold < 1.05, threshold  # above white matter, below the vessels
+    volume, brain, radius = layered_brain()
+    no_lesion = np.zeros(brain.shape, bool)
+    bright = float(np.asarray(volume.array)[brain].max()) * 1.6
+    for where, expected in (((radius > 31) & (radius < 37), True), (radius < 18, False)):
+        data = np.array(volume.array, copy=True)
+        data[where & (rng.random(brain.shape) < 0.06)] = bright  # 1-2 % of the brain
+        enhanced = volume.with_array(data)
+        tissues = bp.classify_patient_tissues(enhanced, brain, no_lesion, "T1c")
+        statistics = bp.tissue_statistics(enhanced, tissues)
+        # vessels in the sulci and dura at the surface are enhancement; a bright core is white
+        # matter a bias field brightened (population patient 10), left to the tissue classes
+        assert (statistics.enhancing is not None) == expected
+        assert ((tissues.labels == bp.ENHANCING_LABEL).any()) == expected
+
+
 def test_mass_effect_pushes_the_donor_away_from_the_lesion_without_folding():
     spacing = 2.0
     grid = np.stack(np.meshgrid(*[np.arange(40) * spacing for _ in range(3)], indexing="ij"), axis=-1)
