@@ -2,7 +2,8 @@
 
 For a whole-head scan with a lesion label: one brain mask (HD-BET, or ``--brain-mask``), then
 ``anonymize_lesions`` with ``--exact-lesion`` for every face method of ``--face-methods``, and the
-same with the options given by ``--variants`` (e.g. the brain-mask fill off). Per run: head
+same with the options given by ``--variants`` (e.g. ``prior=none``, the paper's generator, or the
+brain-mask fill off; the default is the library's, the donor-brain prior). Per run: head
 outline Dice (Otsu head mask of the output vs the input's, ``evaluate_lesion.head_metrics``),
 sharpness ratio inside the brain outside the lesion (pooled over the volume / median slice),
 lesion bit-exactness, the fraction of the brain mask the generated brain did not reach (filled),
@@ -76,12 +77,13 @@ def main(argv=None) -> int:
     mask = load_volume(args.brain_mask) if args.brain_mask else resolve_brain_mask(image)
     results = {"image": args.image.name, "shape": list(image.shape),
                "spacing_mm": [round(float(s), 3) for s in image.spacing], "threads": args.threads,
-               "brain_mask": {"source": str(args.brain_mask) if args.brain_mask else "hdbet",
+               "brain_mask": {"source": args.brain_mask.name if args.brain_mask else "hdbet",
                               "wall_s": round(time.perf_counter() - wall, 1),
                               "cpu_s": round(time.process_time() - cpu, 1)},
                "runs": {}}
     brain = (mask.array != 0) | lesion
-    models = load_lesion_models(None, "cpu")
+    # the donor prior (the default) and the paper's generator (prior=none) use different shipped models
+    models = {prior: load_lesion_models(None, "cpu", prior=prior == "donor") for prior in ("donor", "none")}
     runs = [(method, {"face_method": method}) for method in args.face_methods.split(",")]
     runs += [parse_variant(text) for text in args.variants]
     outputs = {}
@@ -90,8 +92,8 @@ def main(argv=None) -> int:
         wall, cpu = time.perf_counter(), time.process_time()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # face method none: the warning is expected here
-            output, details = anonymize_lesions_with_details(image, label, config, weights=models, seed=args.seed,
-                                                             brain_mask=mask)
+            output, details = anonymize_lesions_with_details(image, label, config, weights=models[config.prior],
+                                                             seed=args.seed, brain_mask=mask)
         run = {"options": options, "wall_s": round(time.perf_counter() - wall, 1),
                "cpu_s": round(time.process_time() - cpu, 1), **head_metrics(image, output, brain, lesion),
                **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in details.items()}}

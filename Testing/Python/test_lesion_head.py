@@ -308,3 +308,29 @@ def test_donor_prior_whole_head_runs_the_face_beside_the_generation_with_the_sli
     out, details = anonymize_lesions_with_details(head, lesion, config, brain_mask=brain)
     assert details["face_in_parallel"] is True and seen["slice_thickness_mm"] == 4.0
     assert np.array_equal(out.array[lesion.array != 0], head.array[lesion.array != 0])
+
+
+def test_whole_head_benchmark_runs_the_donor_prior_and_the_paper_generator(tmp_path):
+    """``Testing/Benchmarks/evaluate_lesion_head.py`` gives each run the models of its prior (the
+    shipped donor-prior models by default, the paper's for ``prior=none``): it had kept loading only
+    the paper's, so the documented command failed once the donor prior became the default."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "Benchmarks" / "evaluate_lesion_head.py"
+    spec = importlib.util.spec_from_file_location("evaluate_lesion_head", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    head, lesion, brain = head_with_lesion(voxel_mm=(4.0, 4.0, 5.0))
+    for name, volume in (("head", head), ("lesion", lesion), ("brain", brain)):
+        save_volume(volume, tmp_path / f"{name}.nii.gz")
+    out = tmp_path / "results.json"
+    assert script.main([str(tmp_path / "head.nii.gz"), str(tmp_path / "lesion.nii.gz"), "--face-methods", "none",
+                        "--brain-mask", str(tmp_path / "brain.nii.gz"), "--threads", "2",
+                        "--variants", "none, paper generator:face_method=none,prior=none", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["none"]["prior"] == "donor" and runs["none"]["donor"]  # placed on a donor of the bank
+    assert "donor" not in runs["none, paper generator"] and "brain_mask_filled_fraction" in runs["none, paper generator"]
+    assert all(run["lesion_bit_exact"] for run in runs.values())
+    assert json.loads(out.read_text())["brain_mask"]["source"] == "brain.nii.gz"  # a file name, not a path
