@@ -69,7 +69,7 @@ def _enhancing_fraction_on_grid(prior: np.ndarray, region: np.ndarray, threshold
 
 
 def render_contrast(placement, statistics, image: Volume, region: np.ndarray, interior: np.ndarray, prior_config,
-                    seed: int, tail_threshold: Optional[float], canonical: Optional[np.ndarray] = None
+                    seed: int, canonical: Optional[np.ndarray] = None
                     ) -> Tuple[np.ndarray, Dict[str, float]]:
     """T_b of one contrast on ``image``'s grid (float32) over ``region``, with the enhancement
     calibration of the module docstring (step 3), measured over ``interior``, when ``statistics``
@@ -90,8 +90,9 @@ def render_contrast(placement, statistics, image: Volume, region: np.ndarray, in
 
     prior = render(statistics)
     details: Dict[str, float] = {}
-    if statistics.enhancing is None or tail_threshold is None:
+    if statistics.enhancing is None:
         return prior, details
+    tail_threshold = statistics.enhancing_threshold
     reached = _enhancing_fraction_on_grid(prior, interior, tail_threshold)
     wanted = statistics.enhancing_fraction
     details.update({"enhancing_fraction_input": round(wanted, 4), "enhancing_fraction_first": round(reached, 4)})
@@ -253,7 +254,7 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
                      config, models, seed: int, progress: Optional[ProgressCallback], outline: str
                      ) -> Tuple[List[np.ndarray], Dict, np.ndarray]:
     """:func:`generate_on_brain_prior` on volumes cropped to the brain's box."""
-    from ..transforms.brain_prior import (bright_tail_threshold, canonical_csf_level, canonical_donor,
+    from ..transforms.brain_prior import (canonical_csf_level, canonical_donor,
                                           classify_patient_tissues, guess_tissue_order, is_t1_like, place_brain_prior,
                                           placed_brain_mask, resample_placed, tissue_statistics)
     from .lesion import axial_layout, feather_weights, from_ras_layout, grade_index, to_ras_layout
@@ -313,9 +314,8 @@ def _generate_in_box(volumes: Sequence[Volume], lesion: np.ndarray, brain: np.nd
         bright = is_t1_like(image_order)
         statistics = tissue_statistics(volume, tissues, prior_config, bright_tail=bright, reference=index == 0)
         data = np.asarray(volume.array, dtype=np.float64)
-        threshold = bright_tail_threshold(data[labels > 0], prior_config.enhancing_mad) if bright else None
         prior, enhancement = render_contrast(placement, statistics, volume, region, tissues.interior & ~lesion,
-                                             prior_config, seed + index, threshold, canonical)
+                                             prior_config, seed + index, canonical)
         report(part, 0.6, "brain prior: noise and sharpness")
         texture: Dict[str, float] = {}
         if prior_config.match_texture:

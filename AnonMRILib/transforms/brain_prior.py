@@ -210,12 +210,13 @@ class TissueStatistics:
     """Global per-class intensity statistics of one contrast of the patient (no positions).
 
     ``quantiles``: tissue -> ``levels`` quantiles of its non-lesion voxels (input units);
-    ``enhancing``: quantiles of the enhancing tail (None when there is none) and its fraction of
-    the non-lesion brain."""
+    ``enhancing``: quantiles of the enhancing tail (None when there is none), its fraction of
+    the non-lesion brain and the intensity above which it lies (:func:`enhancing_tail`)."""
 
     quantiles: Dict[str, np.ndarray]
     enhancing: Optional[np.ndarray] = None
     enhancing_fraction: float = 0.0
+    enhancing_threshold: Optional[float] = None
 
     def csf_level(self) -> float:
         return float(self.quantiles["csf"][len(self.quantiles["csf"]) // 4])
@@ -289,12 +290,12 @@ def bright_tail_threshold(values: np.ndarray, deviations: float) -> float:
     counts, edges = np.histogram(values, bins=128, range=(low, high if high > low else low + 1.0))
     centres = (edges[1:] + edges[:-1]) / 2.0
     counts = ndimage.gaussian_filter1d(counts.astype(np.float64), 2.0)
-    # a zero appended so that a peak in the last bin counts as one
+    # a zero appended so that a peak in the last bin counts as one (find_peaks never returns an end)
     peaks, _ = signal.find_peaks(np.append(counts, 0.0), height=TISSUE_PEAK_HEIGHT * counts.max(),
                                  prominence=TISSUE_PEAK_PROMINENCE * counts.max())
     # a tissue is a tenth of the brain or more, so its peak has a tenth of the voxels above it; a spike of
     # enhancement (a few % of the voxels) has not
-    peaks = peaks[centres[np.minimum(peaks, len(centres) - 1)] <= np.percentile(values, 90)]
+    peaks = peaks[centres[peaks] <= np.percentile(values, 90)]
     peak = int(peaks.max()) if peaks.size else int(np.argmax(counts))
     right = peak
     while right < len(counts) - 1 and counts[right] > counts[peak] / 2.0:
@@ -502,7 +503,7 @@ def tissue_statistics(image: Volume, tissues: PatientTissues, config: Optional["
     if fraction < config.enhancing_min_fraction or tail.size < 20:
         return TissueStatistics(quantiles)
     return TissueStatistics(quantiles, np.quantile(tail, np.linspace(0.0, 1.0, config.quantile_levels)),
-                            float(fraction))
+                            float(fraction), threshold)
 
 
 # ------------------------------------------------------------------------------------------- rendering
