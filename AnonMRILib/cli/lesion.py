@@ -90,7 +90,8 @@ def add_parser(subparsers) -> None:
                              "placed donor alone")
     parser.add_argument("--outline", choices=OUTLINES, default="auto",
                         help="donor prior: whose brain outline the output has: patient (the donor is deformed onto "
-                             "the brain mask; always so for a whole head), donor (its own outline, affinely placed: "
+                             "the brain mask; always so for a whole head), donor (its own outline and proportions, placed "
+                             "by a similarity: the brain size and pose only; "
                              "a skull-stripped input's outline is regenerated too), auto (default: patient for a "
                              "head, donor for a brain-only input)")
     add_slice_thickness_argument(parser, "the placed donor brain and the face prior are averaged over this slab "

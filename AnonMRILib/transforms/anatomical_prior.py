@@ -404,14 +404,21 @@ def level_set_features(hull_distance: np.ndarray, brain_distance: np.ndarray, cl
     return (np.clip(hull_distance, -clip_mm, clip_mm) + np.clip(brain_distance, -clip_mm, clip_mm)) / float(clip_mm)
 
 
-def affine_fit(fixed, moving, seed: int = 1, what: str = "the anatomical prior"):
-    """12-parameter affine (fixed point -> moving point) between two feature images, mean squares
-    on a fixed random 20 % of the voxels (seeded: the same masks give the same transform), at 4x and
-    2x the registration spacing (the features are smooth distance maps; finer adds nothing)."""
+#: the linear transforms :func:`affine_fit` can fit, by name
+LINEAR_TRANSFORMS = ("affine", "similarity")
+
+
+def affine_fit(fixed, moving, seed: int = 1, what: str = "the anatomical prior", transform: str = "affine"):
+    """Linear transform (fixed point -> moving point) between two feature images: ``"affine"`` (12
+    parameters) or ``"similarity"`` (7: rotation, translation, one isotropic scale), mean squares on a
+    fixed random 20 % of the voxels (seeded: the same masks give the same transform), at 4x and 2x the
+    registration spacing (the features are smooth distance maps; finer adds nothing)."""
     import SimpleITK as sitk
 
-    initial = sitk.CenteredTransformInitializer(fixed, moving, sitk.AffineTransform(3),
-                                                sitk.CenteredTransformInitializerFilter.MOMENTS)
+    if transform not in LINEAR_TRANSFORMS:
+        raise InputError(f"transform must be one of {', '.join(LINEAR_TRANSFORMS)}, got {transform!r}")
+    kind = sitk.AffineTransform(3) if transform == "affine" else sitk.Similarity3DTransform()
+    initial = sitk.CenteredTransformInitializer(fixed, moving, kind, sitk.CenteredTransformInitializerFilter.MOMENTS)
     method = sitk.ImageRegistrationMethod()
     method.SetMetricAsMeanSquares()
     method.SetMetricSamplingStrategy(method.RANDOM)

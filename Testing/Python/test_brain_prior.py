@@ -477,3 +477,69 @@ def test_mean_gradient_on_the_masks_box_equals_the_whole_stack():
         rows, cols = np.gradient(stack, axis=(1, 2))
         assert mean_gradient(stack, mask) == pytest.approx(np.sqrt(rows ** 2 + cols ** 2)[mask].mean(), rel=1e-12)
     assert mean_gradient(stack, np.zeros(stack.shape, bool)) == 0.0
+
+
+def test_the_donors_outline_keeps_the_donors_proportions_and_takes_the_patients_size():
+    """outline="donor" places the donor by a similarity: a patient brain stretched 1.35x left-right
+    gets a brain of its size whose width / length is the donor's; outline="patient" fits the stretch."""
+    from AnonMRILib.sample_data import load_sample_brain_mask
+
+    mask = load_sample_brain_mask()
+    brain = np.asarray(mask.array) != 0
+    patient = Volume(brain.astype(np.uint8), np.diag([1.35, 1.0, 1.0, 1.0]) @ mask.affine)
+    no_lesion = patient.with_array(np.zeros(brain.shape, np.uint8))
+    bank = [d for d in bp.load_donor_bank() if d.name == OTHER_DONOR["donors"][0]]
+
+    def extents_mm(volume: Volume, region: np.ndarray) -> np.ndarray:  # RAS, 1st to 99th percentile
+        world = np.argwhere(region) @ volume.affine[:3, :3].T + volume.affine[:3, 3]
+        low, high = np.percentile(world, [1, 99], axis=0)
+        return high - low
+
+    donor = extents_mm(bank[0].brain, np.asarray(bank[0].brain.array) != 0)
+    target = extents_mm(patient, brain)
+    placed = {}
+    for outline in ("donor", "patient"):
+        placement = bp.place_brain_prior(patient, no_lesion, seed=0, config=bp.BrainPriorConfig(mirror=False),
+                                         bank=bank, outline=outline)
+        placed[outline] = extents_mm(patient, bp.placed_brain_mask(placement, patient, np.ones(brain.shape, bool)))
+        assert placement.details["placement"] == ("similarity" if outline == "donor" else "affine + demons")
+    ratio = lambda e: e[0] / e[1]  # noqa: E731  (left-right / anterior-posterior)
+    assert abs(ratio(placed["donor"]) - ratio(donor)) < 0.05 < abs(ratio(target) - ratio(donor))
+    assert abs(ratio(placed["patient"]) - ratio(target)) < 0.03
+    volume = lambda e: float(np.prod(e))  # noqa: E731
+    assert 0.8 < volume(placed["donor"]) / volume(target) < 1.25  # the patient's size
+
+
+def test_with_the_donors_outline_a_lesion_at_the_surface_stays_embedded_in_brain():
+    """outline="donor": within ``lesion_outline_mm`` of the lesion the donor follows the patient's outline
+    (the lesion of a skull-stripped input at the brain's surface is not left standing off the donor's
+    outline in the background); far from it the outline is the donor's; without a lesion nothing follows."""
+    from scipy import ndimage
+
+    from AnonMRILib.sample_data import load_sample_brain_mask
+
+    mask = load_sample_brain_mask()
+    brain = np.asarray(mask.array) != 0
+    patient = Volume(brain.astype(np.uint8), np.diag([1.35, 1.0, 1.0, 1.0]) @ mask.affine)  # wider than the donor
+    distance_mm = ndimage.distance_transform_edt(brain, sampling=patient.spacing)
+    rim = np.argwhere((distance_mm > 0) & (distance_mm < 3))
+    side = rim[np.argmax(rim[:, 0])]  # the rightmost rim voxel: where the stretch moved the outline most
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in brain.shape], indexing="ij"), axis=-1)
+    lesion = (np.linalg.norm((grid - side) * np.asarray(patient.spacing), axis=-1) < 8.0) & brain
+    bank = [d for d in bp.load_donor_bank() if d.name == OTHER_DONOR["donors"][0]]
+    config = bp.BrainPriorConfig(mirror=False)
+    ring = ndimage.binary_dilation(lesion, iterations=2) & ~lesion & brain  # the patient's brain around the lesion
+    far = brain & (ndimage.distance_transform_edt(~lesion, sampling=patient.spacing) > 40.0) & (distance_mm < 3)
+
+    def placed(lesion_mask: np.ndarray, **settings) -> np.ndarray:
+        placement = bp.place_brain_prior(patient, patient.with_array(lesion_mask.astype(np.uint8)), seed=0,
+                                         config=bp.BrainPriorConfig(mirror=False, **settings), bank=bank,
+                                         outline="donor")
+        return bp.placed_brain_mask(placement, patient, np.ones(brain.shape, bool), config)
+
+    followed, free = placed(lesion), placed(lesion, lesion_outline_mm=0.0, lesion_outline_fade_mm=0.0)
+    assert followed[ring].mean() > 0.9 > 0.5 > free[ring].mean()  # without the local fit it stands off
+    assert abs(followed[far].mean() - free[far].mean()) < 0.05  # far away the outline is the donor's
+    assert free[far].mean() < 0.8  # ... which differs from the stretched patient's there
+    with pytest.raises(InputError):
+        bp.BrainPriorConfig(lesion_outline_mm=-1.0)
