@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Make ``docs/cpgan/<head>_tissue_slices_seed<k>.png``: a real head in slices, original and after
-DEFACE, REFACE and REMODEL (the default prior generator), as a radiologist scrolls it.
+DEFACE, REFACE and REMODEL (the default prior generator), as a radiologist scrolls it; and
+``<head>_vault_zoom_seed<k>.png``: the vault enlarged, original / REFACE / REMODEL.
 
 Rows: original / DEFACE / REFACE / REMODEL. Columns, through the brain mask's centroid (RAS, mm):
 mid-sagittal; axial 25 mm below it (orbits, nasal cavity); axial through it; coronal through it;
@@ -67,6 +68,38 @@ def tissue_slices_figure(rows: Sequence[Tuple[str, np.ndarray]], affine: np.ndar
     return side_by_side(panels, labels, columns=len(CUTS))
 
 
+#: the vault zoom: a coronal cut this far behind the brain's centroid (mm), the top of the head
+#: from this far below the brain's top (mm), enlarged this many times
+VAULT_CUT_MM, VAULT_DEPTH_MM, VAULT_ZOOM = -20.0, 60.0, 3
+
+
+def vault_zoom_figure(rows: Sequence[Tuple[str, np.ndarray]], affine: np.ndarray, brain: np.ndarray) -> np.ndarray:
+    """float32 figure in [0, 1]: the vault of each (label, array) side by side, a coronal cut
+    :data:`VAULT_CUT_MM` behind the brain's centroid from :data:`VAULT_DEPTH_MM` below the brain's
+    top to the grid's top, the left half of the head, enlarged :data:`VAULT_ZOOM` times (nearest
+    neighbour: each voxel a block), all on the first array's 99.5th percentile."""
+    from AnonMRILib.rendering.figures import side_by_side
+
+    centre = (affine @ np.r_[np.argwhere(brain).mean(axis=0), 1.0])[:3]
+    cut = ((1, VAULT_CUT_MM),)
+    mask_plane = ras_slices(brain.astype(np.float32), affine, centre, cut)[0] > 0.5
+    rows_with_brain = np.flatnonzero(mask_plane.any(axis=1))
+    columns = np.flatnonzero(mask_plane.any(axis=0))
+    if rows_with_brain.size == 0:
+        raise ValueError("the brain mask does not reach the vault cut")
+    pixel = float(np.sqrt((np.asarray(affine)[:3, :3] ** 2).sum(axis=0)).min())
+    bottom = min(mask_plane.shape[0], rows_with_brain[0] + int(round(VAULT_DEPTH_MM / pixel)))
+    middle = (columns[0] + columns[-1]) // 2
+    scale = float(np.percentile(rows[0][1], 99.5)) or 1.0
+    panels, labels = [], []
+    for label, array in rows:
+        plane = ras_slices(array, affine, centre, cut)[0][:bottom, :middle]
+        plane = np.kron(np.clip(plane / scale, 0.0, 1.0), np.ones((VAULT_ZOOM, VAULT_ZOOM), np.float32))
+        panels.append(plane)
+        labels.append(label)
+    return side_by_side(panels, labels, columns=len(rows))
+
+
 def main(argv: Optional[list] = None) -> int:
     from AnonMRILib.io import load_volume
     from AnonMRILib.pipelines.baselines import deface
@@ -99,6 +132,9 @@ def main(argv: Optional[list] = None) -> int:
     target = args.out / f"{name}_tissue_slices_seed{args.seed}.png"
     save_png(figure, target)
     print(f"wrote {target}")
+    zoom = args.out / f"{name}_vault_zoom_seed{args.seed}.png"
+    save_png(vault_zoom_figure([rows[0], rows[2], rows[3]], np.asarray(volume.affine), brain), zoom)
+    print(f"wrote {zoom}")
     return 0
 
 

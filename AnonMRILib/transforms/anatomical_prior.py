@@ -39,12 +39,14 @@ face, skull or scalp voxel. Steps (all in RAS mm):
    well, as a first version did, gave the output the patient's head shape: dlib's detector fell to
    1.65-1.75 on the refaced ROBEX atlas and sub-01, and sub-01's face came out nearest its own other
    scan.);
-5. **rendering** (:meth:`TemplateHead.render`, :mod:`AnonMRILib.transforms.tissue_model`): every
-   class at its level on the patient's own tissue scale (air, CSF, GM, WM of b*x; above WM by the
-   ratio to WM, stretched by ``bright_stretch``: the source's scalp and marrow are dim for a T1;
-   fat at ``fat_level``; on thick slices by ``thick_slice_bright_stretch``, because a slab averages
-   the template's thin bright layers down more than a real head's: :meth:`AnatomicalPriorConfig.rendering_for`
-   reads the input's grid, never its intensities outside the brain),
+5. **rendering** (:meth:`TemplateHead.render`, :mod:`AnonMRILib.transforms.tissue_model`), the
+   template's vault first redrawn in anatomical layers between its brain and its skin
+   (:mod:`AnonMRILib.transforms.vault_layers`, ``vault``): every class at its level on the
+   patient's own tissue scale (air, CSF, GM, WM of b*x; above WM by the ratio to WM, stretched by
+   ``bright_stretch``: the source's scalp and marrow are dim for a T1; fat at ``fat_level``; on
+   thick slices by ``thick_slice_bright_stretch``, because a slab averages the template's thin
+   bright layers down more than a real head's: :meth:`AnatomicalPriorConfig.rendering_for` reads
+   the input's grid, never its intensities outside the brain),
    plus the source's within-class texture, times the skin occupancy (the label map's head
    smoothed by ``skin_smoothing_mm``); integrated along any axis where the input's voxels are
    thicker than the template's (:func:`_antialias_for`: thick slices are a box average over the
@@ -85,6 +87,7 @@ from ..errors import InputError
 from ..io.volume import Volume
 from ..progress import ProgressCallback, report
 from .distance import bounding_box, depth
+from .vault_layers import VaultLayerConfig, with_layered_vault
 from .tissue_model import (LABEL, TissueClasses, TissueLevels, add_rician_noise,
                            render_tissue, thick_slice_axis, with_subcutaneous_fat)
 
@@ -97,6 +100,8 @@ SKIN_FILE = "reface_template_skin.nii.gz"
 #: Gaussian (mm) that turns the label map's outer boundary into a skin occupancy when the template
 #: ships none (less brings back the voxel grid's terraces in renderings)
 LABEL_SKIN_SMOOTHING_MM = 1.25
+#: the layered vault's diploe texture is clipped at this many standard deviations of its mottling
+DIPLOE_TEXTURE_LIMIT = 2.5
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,9 @@ class AnatomicalPriorConfig:
     #: the input's slice thickness (mm) when it differs from its slice spacing (a gap between
     #: slices); None = the spacing. Thick slices integrate the rendering over this slab (step 5)
     slice_thickness_mm: Optional[float] = None
+    #: the vault drawn in anatomical layers, brain to skin (:mod:`AnonMRILib.transforms.vault_layers`);
+    #: None = the label map as built
+    vault: Optional[VaultLayerConfig] = VaultLayerConfig()
     template_dir: Path = field(default=TEMPLATE_DIR)
 
     def __post_init__(self) -> None:
@@ -262,12 +270,18 @@ class TemplateHead:
         return source.scaled(gain, float(background) - gain * source.air)
 
     def classes_for(self, config: "AnatomicalPriorConfig") -> TissueClasses:
-        """The per-class levels the rendering uses: the shipped ones, fat at ``config.fat_level``."""
-        if config.fat_level is None:
+        """The per-class levels the rendering uses: the shipped ones, fat at ``config.fat_level``, the
+        diploe's texture kept up to :data:`DIPLOE_TEXTURE_LIMIT` of its mottling's standard deviation
+        when the vault is layered (``config.vault``)."""
+        if config.fat_level is None and config.vault is None:
             return self.classes
-        levels = self.classes.levels.copy()
-        levels[LABEL["fat"]] = np.float32(config.fat_level)
-        return TissueClasses(levels, self.classes.texture_limit)
+        levels, limits = self.classes.levels.copy(), self.classes.texture_limit.copy()
+        if config.fat_level is not None:
+            levels[LABEL["fat"]] = np.float32(config.fat_level)
+        if config.vault is not None:  # the layered vault's diploe carries its marrow texture
+            limit = DIPLOE_TEXTURE_LIMIT * config.vault.diploe_texture
+            limits[LABEL["diploe"]] = max(float(limits[LABEL["diploe"]]), limit)
+        return TissueClasses(levels, limits)
 
     def render(self, levels: TissueLevels, config: "AnatomicalPriorConfig") -> np.ndarray:
         """float32 on the labels' grid, ``levels``' units *above air* (0 = air): every class drawn
@@ -286,12 +300,17 @@ class TemplateHead:
 
         spacing = np.asarray(self.labels.spacing, np.float64)
         head = np.asarray(self.labels.array) != LABEL["outside"]
-        surface_depth = depth(head, spacing) if config.skin_layer_mm > 0 or config.subcutaneous_mm > 0 else None
-        labels = with_subcutaneous_fat(np.asarray(self.labels.array), spacing, config.subcutaneous_mm, surface_depth)
+        needs_depth = config.skin_layer_mm > 0 or config.subcutaneous_mm > 0 or config.vault is not None
+        surface_depth = depth(head, spacing) if needs_depth else None
+        labels = np.asarray(self.labels.array)
         texture = None
         if config.texture:
             texture = resample_array(np.asarray(self.texture.array, np.float32) / np.float32(self.texture_scale),
                                      self.texture.affine, self.labels.shape, self.labels.affine, antialias=False)
+        if config.vault is not None:
+            labels, texture = with_layered_vault(labels, texture, np.asarray(self.brain_mask.array) != 0, spacing,
+                                                 surface_depth, config.vault)
+        labels = with_subcutaneous_fat(labels, spacing, config.subcutaneous_mm, surface_depth)
         occupancy = self.skin_occupancy(config.skin_smoothing_mm)
         inner = None
         if config.skin_layer_mm > 0:

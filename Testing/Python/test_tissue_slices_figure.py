@@ -38,3 +38,17 @@ def test_figure_has_a_row_per_volume_and_a_column_per_cut():
     figure = tissue_slices_figure([("original", volume), ("other", volume * 0.5)], np.eye(4), brain)
     assert figure.dtype == np.float32 and 0.0 <= figure.min() and figure.max() <= 1.0
     assert figure.shape[1] >= len(CUTS) * 40 and figure.shape[0] >= 2 * 40
+
+
+def test_vault_zoom_shows_the_top_of_each_head_enlarged_side_by_side():
+    from make_tissue_slices import VAULT_ZOOM, vault_zoom_figure
+
+    volume = np.zeros((60, 60, 60), np.float32)
+    volume[15:45, 2:58, 10:40] = 100.0  # the brain: its top at z = 39, the cut 20 mm behind its centre at y = 9.5
+    volume[12:48, 0:60, 40:44] = 200.0  # a skull above it
+    brain = volume == 100.0
+    figure = vault_zoom_figure([("original", volume), ("other", volume * 0.5)], np.eye(4), brain)
+    assert figure.dtype == np.float32 and 0.0 <= figure.min() and figure.max() <= 1.0
+    # from the grid's top (z = 59) down to 60 mm below the brain's top, the head's left half: each of
+    # the two panels at least VAULT_ZOOM x 20 rows (z 59..40) and VAULT_ZOOM x 29 columns
+    assert figure.shape[0] >= VAULT_ZOOM * 20 and figure.shape[1] >= 2 * VAULT_ZOOM * 29
