@@ -181,7 +181,10 @@ def generator_view(card: Dict[str, Any], prior_config=None, target: Optional[Vol
     (weights trained before these were recorded have none: the template's own fat level and a
     stretch of 2.0 for every grid, the only rendering there was). The generator's displacement is
     computed from that rendering, and then warps the prior drawn as configured, so recalibrating a
-    class level changes the output's intensities, not where the generator moves the face."""
+    class level changes the output's intensities, not where the generator moves the face. The labels
+    are shared: the view has the vault in its layers too (:mod:`~AnonMRILib.transforms.vault_layers`,
+    drawn after the shipped weights were trained; the face figures moved within the run-to-run
+    change, ``docs/cpgan/tissue_slices.md``), so no second label map is built."""
     from dataclasses import replace
 
     from ..transforms.anatomical_prior import AnatomicalPriorConfig, prior_rendering

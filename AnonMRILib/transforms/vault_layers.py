@@ -32,6 +32,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import InputError
 from .distance import bounding_box, depth
 from .tissue_model import LABEL
 
@@ -62,6 +63,14 @@ class VaultLayerConfig:
     #: standard deviation of the diploe's mottling and the size of its islands
     diploe_texture: float = 0.35
     diploe_grain_mm: float = 0.8
+
+    def __post_init__(self) -> None:
+        lengths = (self.min_gap_mm, self.max_gap_mm, self.clearance_mm, self.muscle_core_mm,
+                   self.muscle_clearance_mm, self.undulation_scale_mm, self.diploe_grain_mm)
+        if not all(np.isfinite(v) and v > 0 for v in lengths) or self.min_gap_mm >= self.max_gap_mm:
+            raise InputError("the vault's lengths must be positive numbers of mm, with min_gap_mm < max_gap_mm")
+        if not (0 <= self.undulation < 0.5 and np.isfinite(self.diploe_texture) and self.diploe_texture >= 0):
+            raise InputError("the vault's undulation must lie in [0, 0.5) and its diploe texture be >= 0")
 
 
 def vault_region(labels: np.ndarray, brain: np.ndarray, spacing: Sequence[float], surface_depth: np.ndarray,

@@ -121,3 +121,14 @@ def test_the_shipped_templates_vault_renders_its_tables_and_keeps_the_face():
     with_layers = template.render(levels, config)
     as_built = template.render(levels, replace(config, vault=None))
     assert np.array_equal(with_layers[face], as_built[face])
+
+
+def test_bad_vault_settings_are_refused():
+    import pytest
+
+    from AnonMRILib.errors import InputError
+
+    for settings in ({"min_gap_mm": 0.0}, {"min_gap_mm": 25.0}, {"clearance_mm": float("nan")},
+                     {"undulation": -0.1}, {"undulation": 0.6}, {"diploe_texture": -1.0}):
+        with pytest.raises(InputError):
+            VaultLayerConfig(**settings)
