@@ -22,7 +22,7 @@ def shell_head(gap_mm=16.0, radius_mm=30.0, size=100):
 
 
 def radial_order(labels, radius, radius_mm, gap_mm):
-    """The classes met going out from the brain along the shell (majority per 0.5 mm step)."""
+    """The classes met going out from the brain along the shell (the majority of each 0.25 mm step)."""
     order = []
     for r in np.arange(radius_mm + 0.125, radius_mm + gap_mm, 0.25):
         ring = np.abs(radius - r) < 0.2
@@ -50,7 +50,7 @@ def test_a_scrambled_vault_becomes_the_anatomical_layers_from_brain_to_skin():
     assert diploe.any() and np.all(layered[diploe] == LABEL["diploe"])
     d = radius[diploe] - 30.0
     assert 0.19 * 16 < np.median(d) < 0.39 * 16
-    # the outer table is about 0.12 of the distance thick (1.9 mm), thinner and thicker around the head
+    # the outer table is about 0.12 of the distance thick on average (1.9 mm)
     outer_table = (layered == LABEL["bone"]) & (radius > 30.0 + 0.3 * 16)
     thickness = outer_table.sum() / (4 * np.pi * (30 + 0.45 * 16) ** 2)
     assert 1.4 < thickness < 2.4
