@@ -86,8 +86,8 @@ import numpy as np
 from ..errors import InputError
 from ..io.volume import Volume
 from ..progress import ProgressCallback, report
-from .distance import bounding_box, depth
-from .vault_layers import VaultLayerConfig, with_layered_vault
+from .distance import bounding_box, bounding_slices, depth
+from .vault_layers import DIPLOE_TEXTURE_LIMIT, VaultLayerConfig, with_layered_vault
 from .tissue_model import (LABEL, TissueClasses, TissueLevels, add_rician_noise,
                            render_tissue, thick_slice_axis, with_subcutaneous_fat)
 
@@ -100,8 +100,6 @@ SKIN_FILE = "reface_template_skin.nii.gz"
 #: Gaussian (mm) that turns the label map's outer boundary into a skin occupancy when the template
 #: ships none (less brings back the voxel grid's terraces in renderings)
 LABEL_SKIN_SMOOTHING_MM = 1.25
-#: the layered vault's diploe texture is clipped at this many standard deviations of its mottling
-DIPLOE_TEXTURE_LIMIT = 2.5
 
 
 @dataclass(frozen=True)
@@ -639,13 +637,11 @@ def continue_brain_edge(values: np.ndarray, brain_values: np.ndarray, brain: np.
 
     spacing = np.asarray(spacing, np.float64)
     out = values.copy()
-    extent = bounding_box(brain)
-    if extent is None:
-        return out
     # everything below happens within the filters' reach of the brain (4 sigma, scipy's truncation)
     reach = np.ceil((4.0 * max(config.edge_level_mm, 0.5 * config.rim_mm) + 1.0) / spacing).astype(int)
-    crop = tuple(slice(max(0, int(a) - r), min(n, int(b) + 1 + r))
-                 for a, b, r, n in zip(extent[0], extent[1], reach, brain.shape))
+    crop = bounding_slices(brain, reach)
+    if crop is None:
+        return out
     brain, brain_values, values = brain[crop], brain_values[crop], values[crop]
     soft = ndimage.gaussian_filter(brain.astype(np.float32), 0.5 * config.rim_mm / spacing)
     band = brain & (soft < 0.85)  # the brain's outer layer

@@ -6,7 +6,7 @@ rounding, 3-5x faster on 2 cores (a 174 x 219 x 218 template head: 1.74 s -> 0.3
 anatomical prior takes several of them per head. Arrays are indexed like their Volume (i, j, k);
 ``spacing`` is the voxel size in mm along those axes.
 """
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -24,6 +24,18 @@ def bounding_box(mask: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         low.append(int(present[0]))
         high.append(int(present[-1]))
     return np.array(low), np.array(high)
+
+
+def bounding_slices(mask: np.ndarray, margin: Union[int, Sequence[int]] = 0) -> Optional[Tuple[slice, ...]]:
+    """Slices of the box around the nonzero voxels of ``mask`` grown by ``margin`` voxels (one
+    number, or one per axis) and clipped to the array, or None when it is empty."""
+    extent = bounding_box(mask)
+    if extent is None:
+        return None
+    shape = np.shape(mask)
+    margin = np.broadcast_to(np.asarray(margin, int), (len(shape),))
+    return tuple(slice(max(0, int(a) - int(m)), min(int(n), int(b) + 1 + int(m)))
+                 for a, b, m, n in zip(extent[0], extent[1], margin, shape))
 
 
 def depth(mask: np.ndarray, spacing: Optional[Sequence[float]] = None) -> np.ndarray:

@@ -39,3 +39,14 @@ def test_bounding_box_matches_the_voxel_list():
     indices = np.argwhere(mask)
     assert np.array_equal(low, indices.min(axis=0)) and np.array_equal(high, indices.max(axis=0))
     assert bounding_box(np.zeros((3, 3, 3))) is None
+
+
+def test_bounding_slices_grow_by_the_margin_and_stay_inside_the_array():
+    from AnonMRILib.transforms.distance import bounding_slices
+
+    mask = np.zeros((10, 12, 14), bool)
+    mask[2:5, 6:8, 12] = True
+    assert bounding_slices(mask) == (slice(2, 5), slice(6, 8), slice(12, 13))
+    assert bounding_slices(mask, 3) == (slice(0, 8), slice(3, 11), slice(9, 14))
+    assert bounding_slices(mask, (1, 0, 2)) == (slice(1, 6), slice(6, 8), slice(10, 14))
+    assert bounding_slices(np.zeros((3, 3, 3), bool), 2) is None

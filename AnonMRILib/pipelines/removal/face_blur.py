@@ -21,12 +21,12 @@ Whole-head blur (``blur``): the same Gaussian (``sigma_mm``, 4 mm by default) on
 outside the brain.
 """
 from dataclasses import dataclass
-from typing import Tuple
 
 import numpy as np
 
 from ...errors import InputError
 from ...io.volume import Volume
+from ...transforms.distance import bounding_slices
 from .geometry import A_AXIS, S_AXIS, sigma_voxels, world_coordinate
 
 #: Gaussians are truncated at this many sigmas
@@ -62,13 +62,6 @@ def face_region(brain: np.ndarray, volume: Volume, config: FaceMaskConfig = Face
     a_cut = a_back + config.anterior_fraction * (a_front - a_back)
     s_cut = s_bottom + config.superior_fraction * (s_top - s_bottom)
     return (anterior > a_cut) & (superior < s_cut) & ~brain
-
-
-def _bounding_box(region: np.ndarray, margin: np.ndarray) -> Tuple[slice, ...]:
-    indices = np.argwhere(region)
-    low = np.maximum(indices.min(axis=0) - margin, 0)
-    high = np.minimum(indices.max(axis=0) + margin + 1, region.shape)
-    return tuple(slice(int(a), int(b)) for a, b in zip(low, high))
 
 
 def solid_head(above: np.ndarray, volume: Volume) -> np.ndarray:
@@ -117,7 +110,7 @@ def blurred_face(volume: Volume, brain: np.ndarray, config: FaceMaskConfig = Fac
     sigma = sigma_voxels(volume, config.sigma_mm)
     blend = sigma_voxels(volume, config.blend_mm)
     reach = np.ceil(TRUNCATE * (sigma + blend)).astype(int) + 1
-    box = _bounding_box(region, reach)
+    box = bounding_slices(region, reach)
     values = data[box]
     threshold = head_threshold(data, "otsu")
     # the head as a solid (bone and sinuses are dark in T1 but belong to the shape) ...
