@@ -30,7 +30,7 @@ CSF is brightest) each class still takes the level of its T1 analogue on the pat
 the anatomy is right, the contrast of fat and bone is not that sequence's (a limitation).
 """
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -193,10 +193,11 @@ NOT_SUBCUTANEOUS: Tuple[str, ...] = ("brain", "csf", "bone", "marrow", "diploe",
                                      "vertebra", "disc")
 
 
-def with_subcutaneous_fat(labels: np.ndarray, spacing: Sequence[float], depth_mm: float,
+def with_subcutaneous_fat(labels: np.ndarray, spacing: Sequence[float], depth_mm: Union[float, np.ndarray],
                           surface_depth: Optional[np.ndarray] = None) -> np.ndarray:
     """``labels`` (uint8 class map) with every :data:`NOT_SUBCUTANEOUS` voxel within ``depth_mm`` of
-    "outside" relabelled "fat" (a copy; ``depth_mm`` <= 0 returns ``labels``). The tissue model's
+    "outside" relabelled "fat" (a copy; ``depth_mm`` <= 0 returns ``labels``; an array broadcast
+    against ``labels`` gives each voxel its own depth). The tissue model's
     source head lies under a different skin (MakeHuman's), and where that skin is tighter than the
     source's, the source's skull, sinus air, dura and muscle came to lie 1-2 mm under it (bone
     7-14 %, muscle 18-45 %, fat 7-12 % of the layer 1-3 mm deep): a dark gap under the skin that a face rendering's
@@ -207,7 +208,7 @@ def with_subcutaneous_fat(labels: np.ndarray, spacing: Sequence[float], depth_mm
     from .distance import depth as depth_of
 
     labels = np.asarray(labels)
-    if depth_mm <= 0:
+    if np.all(np.asarray(depth_mm) <= 0):
         return labels
     depth = surface_depth if surface_depth is not None else depth_of(labels != LABEL["outside"], spacing)
     replace = np.isin(labels, [LABEL[name] for name in NOT_SUBCUTANEOUS]) & (depth <= depth_mm)
