@@ -31,7 +31,8 @@ def test_a_mask_cut_by_the_grid_is_continued_past_the_cut():
     on_larger_grid[:, :, :12] = False
     naive = signed_distance(on_larger_grid)[:, :, 12:15][near]
     assert np.abs(naive - truth).mean() > 1.5  # mm: the cut read as the head's surface
-    assert np.abs(own - truth).mean() < 0.4 * np.abs(naive - truth).mean()  # the ball narrows below; the extension does not
+    # the ball narrows below the cut, the continuation does not: close, not equal
+    assert np.abs(own - truth).mean() < 0.4 * np.abs(naive - truth).mean()
     assert np.array_equal(extended[:, :, 10:], cut)  # inside it, nothing changed
     assert touched_faces(ball) == []
 
