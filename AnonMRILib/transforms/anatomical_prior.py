@@ -41,14 +41,16 @@ face, skull or scalp voxel. Steps (all in RAS mm):
    stiff (12 mm): with 6 mm it followed the hull's flat facets and swelled one side of the face
    (dlib's detector on the refaced ROBEX atlas 1.45, with 12 mm 2.43; originals 1.70-2.48);
    **outline behind the face** (:func:`_fit_outline`): a supple demons field (3 mm grid, 3 mm
-   smoothing) on the two hulls' signed distances, applied in full from 5 mm anterior of the
+   smoothing, 20 iterations, composed into the stiff field so that later resamplings cost what
+   they did) on the two hulls' signed distances, applied in full from 5 mm anterior of the
    brain's centroid backwards, none from 30 mm anterior of it forwards (the face lies 60-100 mm
    anterior of it), faded in between 5 and 15 mm outside the brain. The stiff field fits hull to
    hull only on the whole: it left the back of sub-01's refaced head 3 mm inside the input's at the
    brain's levels and 12 mm inside in the neck (medians over the columns within 20 mm of the
    midline); with this fit 2 and 7 mm (the hull's few facets stand off a neck, so the neck stays
-   short), and the refaced head registers to the DEFACE template 2.14 mm from the input (was
-   2.89). The face keeps the template's proportions, as the stiff field placed them;
+   short), and the refaced / remodeled head registers to the DEFACE template 2.13 / 1.78 mm from
+   the input (was 2.89 / 2.40). The face keeps the template's proportions, as the stiff field
+   placed them;
 4. **brain-edge refinement** (:func:`_refine_brain_edge`): a second, supple demons field
    (``edge_spacing_mm``, smoothed by ``edge_smoothing_mm``) on the two brains' signed distances
    clipped at ``edge_clip_mm``, faded out between ``edge_reach_mm`` outside the patient's brain: the
