@@ -40,15 +40,16 @@ face, skull or scalp voxel. Steps (all in RAS mm):
    template's hull onto the patient's hull and its brain onto the patient's brain. The field is
    stiff (12 mm): with 6 mm it followed the hull's flat facets and swelled one side of the face
    (dlib's detector on the refaced ROBEX atlas 1.45, with 12 mm 2.43; originals 1.70-2.48);
-   **outline behind the face** (:func:`_fit_outline`): a supple demons field (3 mm grid, 3 mm
-   smoothing, 20 iterations, composed into the stiff field so that later resamplings cost what
-   they did) on the two hulls' signed distances, applied in full from 5 mm anterior of the
+   **outline behind the face** (:func:`_fit_outline`): a demons field (3 mm grid, 8 mm smoothing,
+   20 iterations, composed into the stiff field so that later resamplings cost what they did; with
+   3 mm smoothing the skin took the hull's facets, ridges over the back of the head in renderings)
+   on the two hulls' signed distances, applied in full from 5 mm anterior of the
    brain's centroid backwards, none from 30 mm anterior of it forwards (the face lies 60-100 mm
    anterior of it), faded in between 5 and 15 mm outside the brain. The stiff field fits hull to
    hull only on the whole: it left the back of sub-01's refaced head 3 mm inside the input's at the
    brain's levels and 12 mm inside in the neck (medians over the columns within 20 mm of the
-   midline); with this fit 2 and 7 mm (the hull's few facets stand off a neck, so the neck stays
-   short), and the refaced / remodeled head registers to the DEFACE template 2.13 / 1.78 mm from
+   midline); with this fit 2 and 8 mm (the hull's few facets stand off a neck, so the neck stays
+   short), and the refaced / remodeled head registers to the DEFACE template 2.11 / 1.85 mm from
    the input (was 2.89 / 2.40). The face keeps the template's proportions, as the stiff field
    placed them;
 4. **brain-edge refinement** (:func:`_refine_brain_edge`): a second, supple demons field
@@ -197,7 +198,7 @@ class AnatomicalPriorConfig:
     #: nape take the patient's hull, the face keeps the stiff field's template proportions
     outline_iterations: int = 20
     outline_clip_mm: float = 20.0
-    outline_smoothing_mm: float = 3.0
+    outline_smoothing_mm: float = 8.0
     outline_face_mm: Tuple[float, float] = (30.0, 5.0)
     #: the brain's own edge level continues this far outside its mask (mm; 0 = off), measured
     #: over ``edge_level_mm`` along the edge (:func:`continue_brain_edge`)
@@ -845,8 +846,9 @@ def _fit_outline(stiff_field, affine_transform, hull_distance: np.ndarray, brain
                  in_view: np.ndarray, template_hull_distance: np.ndarray, template_affine: np.ndarray,
                  affine: np.ndarray, centroid: np.ndarray, config: AnatomicalPriorConfig):
     """The stiff displacement field (step 3; vector float64 on the registration grid ``affine``)
-    preceded, in the patient's frame, by a supple demons field that carries the placed template's
-    hull onto the patient's (signed distances, mm; beyond either field of view, ``in_view`` False,
+    preceded, in the patient's frame, by a demons field (smoothed by ``outline_smoothing_mm``) that
+    carries the placed template's hull onto the patient's (signed distances, mm; beyond either
+    field of view, ``in_view`` False,
     the target is the placed template's own hull), weighted by :func:`outline_weight`: behind the
     face the head takes the patient's outline. Returned as one field on the same grid, so the
     resamplings after it cost what they did. Only c(x), b(x) and the template's own masks are read."""

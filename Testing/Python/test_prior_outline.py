@@ -59,7 +59,7 @@ def test_a_head_larger_at_the_back_gets_its_back_and_keeps_the_templates_face():
         return float(np.mean(rows))
 
     moved_without, moved_with = back(own) - back(heads[0]), back(own) - back(heads[20])
-    # of the 8 mm the hull grew: 7.9 mm with the fit, 4.9 mm with the stiff field alone
+    # of the 8 mm the hull grew: 7.7 mm with the fit, 4.9 mm with the stiff field alone
     assert moved_with > 7.0, (moved_without, moved_with)
     assert moved_with > moved_without + 2.0, (moved_without, moved_with)
     face = np.zeros_like(brain)
