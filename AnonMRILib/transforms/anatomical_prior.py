@@ -835,11 +835,17 @@ def outline_weight(brain_distance: np.ndarray, affine: np.ndarray, centroid: Seq
     lies 60-100 mm anterior of it); times a fade-in between ``edge_reach_mm`` outside the brain
     (``brain_distance``: signed, mm, positive inside), where the brain-edge refinement hands over."""
     start, full = config.outline_face_mm
-    near, far = config.edge_reach_mm
     anterior = affine[1, 3] + affine[1, 1] * np.arange(brain_distance.shape[1]) - float(centroid[1])
     behind_face = np.clip((start - anterior) / (start - full), 0.0, 1.0)[None, :, None]
-    outside_brain = np.clip((-brain_distance - near) / max(far - near, 1e-6), 0.0, 1.0)
-    return (behind_face * outside_brain).astype(np.float32)
+    return (behind_face * (1.0 - edge_reach_weight(brain_distance, config))).astype(np.float32)
+
+
+def edge_reach_weight(brain_distance: np.ndarray, config: AnatomicalPriorConfig) -> np.ndarray:
+    """How much of the brain-edge refinement applies, from the signed distance to the brain (mm,
+    positive inside): 1 up to ``edge_reach_mm[0]`` outside it, falling linearly to 0 at
+    ``edge_reach_mm[1]``. The outline fit takes over as 1 minus this."""
+    near, far = config.edge_reach_mm
+    return np.clip((brain_distance + far) / max(far - near, 1e-6), 0.0, 1.0)
 
 
 def _fit_outline(stiff_field, affine_transform, hull_distance: np.ndarray, brain_distance: np.ndarray,
@@ -848,10 +854,10 @@ def _fit_outline(stiff_field, affine_transform, hull_distance: np.ndarray, brain
     """The stiff displacement field (step 3; vector float64 on the registration grid ``affine``)
     preceded, in the patient's frame, by a demons field (smoothed by ``outline_smoothing_mm``) that
     carries the placed template's hull onto the patient's (signed distances, mm; beyond either
-    field of view, ``in_view`` False,
-    the target is the placed template's own hull), weighted by :func:`outline_weight`: behind the
-    face the head takes the patient's outline. Returned as one field on the same grid, so the
-    resamplings after it cost what they did. Only c(x), b(x) and the template's own masks are read."""
+    field of view, ``in_view`` False, the target is the placed template's own hull), weighted by
+    :func:`outline_weight`: behind the face the head takes the patient's outline. Returned as one
+    field on the same grid, so the resamplings after it cost what they did. Only c(x), b(x) and the
+    template's own masks are read."""
     import SimpleITK as sitk
 
     clip = float(config.outline_clip_mm)
@@ -921,8 +927,7 @@ def _refine_brain_edge(chain, brain_mask: Volume, convex_hull: Volume, template:
                            sitk.sitkFloat32)
     field = demons_field(fixed, moving, (config.edge_spacing_mm,), (config.edge_iterations,),
                          config.edge_smoothing_mm)
-    near, far = config.edge_reach_mm
-    weight = np.clip((brain + far) / max(far - near, 1e-6), 0.0, 1.0).transpose(2, 1, 0)[..., None]
+    weight = edge_reach_weight(brain, config).transpose(2, 1, 0)[..., None]
     faded = sitk.GetImageFromArray((sitk.GetArrayFromImage(field) * weight).astype(np.float64), isVector=True)
     faded.CopyInformation(field)
     field = faded
